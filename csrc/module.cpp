@@ -1,0 +1,240 @@
+// Python bindings of the extension (torch_cudnn_handle._C).
+//
+// current_handle() lives here, in C++, because it is on every call's path: parsing
+// the device and stream, reserving the thread's handle, setting its stream and binding
+// the context together cost well under a microsecond, where the same steps in Python
+// cost several.
+#include <torch/extension.h>
+#include <torch/csrc/Device.h>
+
+#include <string>
+
+#include "pool/pool_seam.h"
+
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "backend/cudnn_library.h"
+#include "context/context_guard.h"
+#include "pool/cudnn_handle_pool.h"
+#endif
+
+namespace py = pybind11;
+
+namespace torch_cudnn_handle {
+namespace {
+
+int visible_device_count() {
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+constexpr const char* kDeviceHint =
+    "Pass a CUDA device: an int ordinal, 'cuda:N', torch.device('cuda', N), or a CUDA "
+    "tensor's .device.";
+
+int check_ordinal(int64_t ordinal) {
+  const int count = visible_device_count();
+  TORCH_CHECK_VALUE(ordinal >= 0 && ordinal < count, "torch_cudnn_handle: cuda:", ordinal,
+                    " does not exist: this process sees ", count, " CUDA device(s)",
+                    count ? " (ordinals 0.." + std::to_string(count - 1) + ")" : std::string(),
+                    ". ", kDeviceHint);
+  return static_cast<int>(ordinal);
+}
+
+int current_ordinal() {
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  TORCH_CHECK(visible_device_count() > 0,
+              "torch_cudnn_handle: no CUDA device is visible to this process, so there is no "
+              "current device to take a cuDNN handle for.");
+  return c10::cuda::current_device();
+#else
+  TORCH_CHECK(false,
+              "torch_cudnn_handle: this build of the extension has no CUDA support (torch was a "
+              "CPU build when it was compiled), so there is no current CUDA device.");
+#endif
+}
+
+int ordinal_of(const c10::Device& device) {
+  TORCH_CHECK_VALUE(device.is_cuda(), "torch_cudnn_handle: cuDNN handles live on CUDA devices; got '",
+                    device.str(), "'. ", kDeviceHint);
+  return device.has_index() ? check_ordinal(device.index()) : current_ordinal();
+}
+
+// None | int | "cuda[:N]" | torch.device  ->  a valid ordinal.
+int parse_device(py::handle device) {
+  if (device.is_none()) return current_ordinal();
+  if (THPDevice_Check(device.ptr())) {
+    return ordinal_of(reinterpret_cast<THPDevice*>(device.ptr())->device);
+  }
+  if (py::isinstance<py::bool_>(device)) {
+    TORCH_CHECK_TYPE(false, "torch_cudnn_handle: a bool is not a device. ", kDeviceHint);
+  }
+  if (py::isinstance<py::int_>(device)) return check_ordinal(device.cast<int64_t>());
+  if (py::isinstance<py::str>(device)) {
+    const auto text = device.cast<std::string>();
+    // "cuda:N" by hand: c10::Device keeps the index in 8 bits, so "cuda:999" would wrap.
+    static const std::string kCudaPrefix = "cuda:";
+    if (text.rfind(kCudaPrefix, 0) == 0 && text.size() > kCudaPrefix.size() &&
+        text.find_first_not_of("0123456789", kCudaPrefix.size()) == std::string::npos &&
+        text.size() - kCudaPrefix.size() < 10) {
+      return check_ordinal(std::stoll(text.substr(kCudaPrefix.size())));
+    }
+    std::optional<c10::Device> parsed;
+    try {
+      parsed.emplace(text);
+    } catch (const c10::Error&) {
+      TORCH_CHECK_VALUE(false, "torch_cudnn_handle: '", text, "' is not a device string. ", kDeviceHint);
+    }
+    return ordinal_of(*parsed);
+  }
+  TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a device, got ",
+                   py::str(py::type::of(device).attr("__name__")).cast<std::string>(), ". ", kDeviceHint);
+}
+
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+constexpr const char* kStreamHint =
+    "Pass None (torch's current stream), a torch.cuda.Stream, or its .cuda_stream int.";
+
+// None | int | torch.cuda.Stream-like  ->  a raw stream on `device`.
+cudaStream_t parse_stream(py::handle stream, int device) {
+  if (stream.is_none()) {
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  }
+  if (py::isinstance<py::int_>(stream) && !py::isinstance<py::bool_>(stream)) {
+    const auto raw = stream.cast<int64_t>();
+    TORCH_CHECK_VALUE(raw >= 0, "torch_cudnn_handle: ", raw, " is not a CUDA stream handle. ", kStreamHint);
+    return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(raw));
+  }
+  if (py::hasattr(stream, "cuda_stream") && py::hasattr(stream, "device_index")) {
+    const auto stream_device = stream.attr("device_index").cast<int64_t>();
+    TORCH_CHECK_VALUE(stream_device == device, "torch_cudnn_handle: the stream is on cuda:", stream_device,
+                      " but the handle is for cuda:", device, ". Use a stream of cuda:", device, ".");
+    return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.attr("cuda_stream").cast<int64_t>()));
+  }
+  TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a stream, got ",
+                   py::str(py::type::of(stream).attr("__name__")).cast<std::string>(), ". ", kStreamHint);
+}
+
+// Builds the Python cudnn.Handle for a pooled handle (set by the Python package).
+// Held for the life of the process and never released (it may be called at exit).
+py::object* handle_factory = nullptr;
+
+py::object python_handle_of(PooledCudnnHandle* handle) {
+  if (handle->python_handle == nullptr) {
+    TORCH_CHECK(handle_factory != nullptr, "torch_cudnn_handle: import torch_cudnn_handle first");
+    py::object made = (*handle_factory)(py::cast(handle, py::return_value_policy::reference));
+    handle->python_handle = made.release().ptr();  // the one strong reference, kept forever
+  }
+  return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(handle->python_handle));
+}
+
+py::object current_handle(py::handle device_arg, py::handle stream_arg) {
+  const int device = parse_device(device_arg);
+  cudaStream_t stream = parse_stream(stream_arg, device);
+  PooledCudnnHandle* handle = nullptr;
+  if (find_thread_handle(device) == nullptr) {
+    py::gil_scoped_release no_gil;  // creating a handle takes milliseconds
+    handle = handle_for_call(device, stream);
+  } else {
+    handle = handle_for_call(device, stream);
+  }
+  return python_handle_of(handle);
+}
+
+py::dict pool_stats() {
+  py::dict devices;
+  for (const auto& [device, counts] : pool_counts()) {
+    py::dict entry;
+    entry["created"] = counts.created;
+    entry["in_use"] = counts.created - counts.free;
+    entry["free"] = counts.free;
+    devices[py::int_(device)] = entry;
+  }
+  py::dict stats;
+  stats["devices"] = devices;
+  stats["set_stream_calls"] = total_set_stream_calls();
+  return stats;
+}
+#endif
+
+}  // namespace
+}  // namespace torch_cudnn_handle
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace torch_cudnn_handle;
+  m.doc() = "torch_cudnn_handle native core: the handle pool, the context guard, the op schemas";
+
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+
+  m.def("parse_device", [](py::handle device) { return parse_device(device); }, py::arg("device") = py::none(),
+        "The ordinal `device` names (None = torch's current device); raises on a non-CUDA or "
+        "out-of-range device.");
+
+  // The testing seam: the real pool template with a handle that needs no GPU.
+  m.def("_seam_reserve", &seam::reserve, py::arg("device"), py::call_guard<py::gil_scoped_release>());
+  m.def("_seam_counts", [] {
+    py::dict out;
+    for (const auto& [device, counts] : seam::counts()) {
+      out[py::int_(device)] = py::make_tuple(counts.created, counts.free);
+    }
+    return out;
+  });
+  m.def("_seam_set_create_delay_us", &seam::set_create_delay_us);
+  m.def("_seam_max_concurrent_creates", &seam::max_concurrent_creates);
+
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  py::class_<PooledCudnnHandle, std::unique_ptr<PooledCudnnHandle, py::nodelete>>(
+      m, "PooledHandleState",
+      "The pool's record of one backend handle (owned by the pool, never freed).")
+      .def_property_readonly("backend_handle",
+                             [](const PooledCudnnHandle& h) { return reinterpret_cast<intptr_t>(h.backend_handle); })
+      .def_property_readonly("device", [](const PooledCudnnHandle& h) { return h.device; })
+      .def_property(
+          "stream", [](const PooledCudnnHandle& h) { return reinterpret_cast<intptr_t>(h.stream); },
+          [](PooledCudnnHandle& h, intptr_t stream) { record_stream(&h, reinterpret_cast<cudaStream_t>(stream)); })
+      .def_property_readonly("set_stream_calls",
+                             [](const PooledCudnnHandle& h) { return h.set_stream_calls.load(); });
+
+  m.def("_set_handle_factory", [](py::object factory) {
+    delete handle_factory;
+    handle_factory = new py::object(std::move(factory));
+  });
+  m.def("current_handle", &current_handle, py::arg("device") = py::none(), py::arg("stream") = py::none(),
+        R"doc(This thread's pooled cuDNN handle for ``device``, ready to execute on ``stream``.
+
+``device``: None (torch's current device), an int ordinal, ``"cuda:N"`` or a
+``torch.device``. ``stream``: None (torch's current stream on that device), a
+``torch.cuda.Stream`` or its ``cuda_stream`` int. On return the handle's stream is
+``stream`` (``cudnnSetStream`` ran only if it changed) and the right CUDA context is
+current on this thread (the stream's own for a real stream, else the device's). A CPU
+device, an out-of-range ordinal or a stream of another device raises; so does the
+first request of a thread while its stream is capturing a CUDA graph (warm up first),
+and any request in a child forked after handles existed.)doc");
+  m.def("pool_stats", &pool_stats,
+        "{'devices': {ordinal: {'created', 'in_use', 'free'}}, 'set_stream_calls': n}: what the pool "
+        "made per device, how many of those live threads hold, and how often it called cudnnSetStream.");
+  m.def(
+      "bind_context",
+      [](py::handle device_arg, py::handle stream_arg) {
+        const int device = parse_device(device_arg);
+        context::ensure_current(device, parse_stream(stream_arg, device), nullptr);
+      },
+      py::arg("device") = py::none(), py::arg("stream") = py::none(),
+      "Make the right CUDA context current on this thread for work of `device` on `stream` "
+      "(a real stream's own context, else the device's), for callers that launch through the "
+      "driver themselves.");
+  m.def("current_context_device", &context::current_context_device,
+        "The device of the CUDA context current on this thread, or -1 when none is.");
+  m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });
+  m.def("cudnn_backend_version", [] { return backend::cudnn_library().version(); });
+#endif
+}

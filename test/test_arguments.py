@@ -1,0 +1,76 @@
+"""Argument validation that needs no GPU: devices, graph ids, arities, CPU tensors."""
+
+import pytest
+import torch
+
+import torch_cudnn_handle as tch
+from graphs import LINEAR_RELU
+
+
+@pytest.mark.parametrize(
+    "device, error, words",
+    [
+        ("cpu", ValueError, "CUDA devices; got 'cpu'"),
+        (torch.device("cpu"), ValueError, "got 'cpu'"),
+        ("meta", ValueError, "got 'meta'"),
+        ("not-a-device", ValueError, "'not-a-device' is not a device string"),
+        (1_000_000, ValueError, "cuda:1000000 does not exist"),
+        ("cuda:999", ValueError, "cuda:999 does not exist"),
+        (-1, ValueError, "cuda:-1 does not exist"),
+        (1.5, TypeError, "expected a device, got float"),
+        (True, TypeError, "a bool is not a device"),
+    ],
+)
+def test_bad_devices_are_rejected_clearly(device, error, words):
+    with pytest.raises(error, match=words) as raised:
+        tch.current_handle(device)
+    assert "Pass a CUDA device" in str(raised.value)
+    with pytest.raises(error, match=words):
+        tch.bind_context(device)
+    with pytest.raises(error, match=words):
+        with tch.build_scope(device):
+            pass
+
+
+def test_cpu_inputs_are_refused_with_the_fix():
+    x, w, b = (t.cpu() for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match=r"input 0 of graph 'linear_relu' is on cpu.*\.to\('cuda:N'\)"):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w, b])
+    with pytest.raises(ValueError, match="is on cpu"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=[torch.empty(2, 16, 8)])
+
+
+def _meta_linear_inputs():
+    return [torch.zeros(2, 16, 32, dtype=torch.half), torch.zeros(2, 32, 8, dtype=torch.half), torch.zeros(2, 1, 8, dtype=torch.half)]
+
+
+def test_unknown_graph_id_is_named():
+    inputs = [t.to("meta") for t in _meta_linear_inputs()]
+    with pytest.raises(ValueError, match="unknown graph id 987654.*register_graph"):
+        torch.ops.cudnn_fe.execute(987654, inputs)
+
+
+def test_wrong_number_of_inputs_is_named():
+    x, w, _ = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match="'linear_relu' takes 3 input tensors, got 2"):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w])
+
+
+def test_register_graph_rejects_what_is_not_a_builder():
+    with pytest.raises(TypeError, match="builder must be callable"):
+        tch.register_graph(42)
+    with pytest.raises(TypeError, match="backward_operands needs a backward builder"):
+        tch.register_graph(lambda g, x: x, backward_operands=lambda *a: [])
+
+
+def test_a_graph_without_backward_says_so_at_backward_time():
+    gid = tch.register_graph(lambda g, x: g.relu(x), name="relu_only")
+    x = torch.empty(4, 8, 8, device="meta", requires_grad=True)
+    (y,) = torch.ops.cudnn_fe.execute(gid, [x])
+    with pytest.raises(RuntimeError, match="'relu_only'.*no backward graph.*backward="):
+        y.sum().backward()
+
+
+def test_cache_capacity_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        tch.set_cache_capacity(0)

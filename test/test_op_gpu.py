@@ -1,0 +1,260 @@
+"""torch.ops.cudnn_fe.execute on a real GPU, checked against torch."""
+
+import threading
+
+import cudnn
+import pytest
+import torch
+from cudnn.frost.device import build_scope_device, current_device
+
+import torch_cudnn_handle as tch
+from conftest import requires_cuda
+from graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
+from test_pool_gpu import run_in_thread
+
+pytestmark = requires_cuda
+
+TOLERANCE = dict(atol=2e-2, rtol=2e-2)
+
+
+def execute(inputs, graph=LINEAR_RELU):
+    return torch.ops.cudnn_fe.execute(graph, list(inputs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 16, 16, 16), (4, 256, 512, 128)])
+def test_forward_matches_torch(dtype, shape):
+    batch, m, k, n = shape
+    inputs = linear_inputs(batch, m, k, n, dtype=dtype)
+    (y,) = execute(inputs)
+    assert (y.shape, y.dtype, y.device) == ((batch, m, n), dtype, inputs[0].device)
+    torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
+
+
+def reference_grads(inputs):
+    leaves = [t.detach().float().requires_grad_() for t in inputs]
+    torch.relu(torch.matmul(leaves[0], leaves[1]) + leaves[2]).sum().backward()
+    return [leaf.grad for leaf in leaves]
+
+
+def test_backward_matches_torch_and_runs_on_the_autograd_worker():
+    inputs = linear_inputs(2, 64, 32, 16, requires_grad=True)
+    threads = []
+    original = tch.registry._registry.definition(LINEAR_RELU).backward_operands
+
+    def recording_operands(grads, ins, outs):
+        threads.append(threading.get_ident())
+        return original(grads, ins, outs)
+
+    tch.registry._registry.definition(LINEAR_RELU).backward_operands = recording_operands
+    try:
+        (y,) = execute(inputs)
+        y.float().sum().backward()
+    finally:
+        tch.registry._registry.definition(LINEAR_RELU).backward_operands = original
+    assert threads and threads[0] != threading.get_ident()  # autograd's CUDA worker thread
+    for got, want in zip([t.grad for t in inputs], reference_grads(inputs)):
+        torch.testing.assert_close(got.float(), want, **TOLERANCE)
+
+
+def test_the_op_runs_on_a_cold_thread():
+    inputs = linear_inputs()
+    torch.cuda.synchronize()
+    y = run_in_thread(lambda: execute(inputs)[0])
+    torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
+
+
+def test_out_variant_writes_into_the_given_tensors():
+    inputs = linear_inputs()
+    out = torch.full((2, 16, 8), float("nan"), dtype=torch.float16, device="cuda")
+    torch.ops.cudnn_fe.execute.out(LINEAR_RELU, inputs, out=[out])
+    torch.testing.assert_close(out, linear_relu_reference(*inputs), **TOLERANCE)
+
+
+def test_compiled_fullgraph_matches_eager_forward_and_backward():
+    def loss(x, w, b):
+        return execute([x, w, b])[0].float().sum()
+
+    eager_inputs = linear_inputs(2, 32, 64, 16, requires_grad=True)
+    compiled_inputs = [t.detach().clone().requires_grad_() for t in eager_inputs]
+    eager = loss(*eager_inputs)
+    eager.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)(*compiled_inputs)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager, **TOLERANCE)
+    for got, want in zip(compiled_inputs, eager_inputs):
+        torch.testing.assert_close(got.grad, want.grad, **TOLERANCE)
+
+
+def test_reduce_overhead_matches_eager():
+    class FusedLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            _, w, b = linear_inputs(2, 32, 64, 16)
+            self.w, self.b = torch.nn.Parameter(w), torch.nn.Parameter(b)
+
+        def forward(self, x):
+            return execute([x, self.w, self.b])[0]
+
+    model = FusedLinear()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    torch._dynamo.reset()
+    for step in range(5):  # warm-up runs, then capture, then replays
+        x = linear_inputs(2, 32, 64, 16, seed=step)[0].requires_grad_()
+        y = compiled(x)
+        y.float().sum().backward()
+        torch.testing.assert_close(y, model(x), **TOLERANCE)
+        torch.testing.assert_close(x.grad.float(), reference_grads([x, model.w, model.b])[0], **TOLERANCE)
+
+
+def test_cuda_graph_capture_and_replay():
+    static = linear_inputs(seed=1)
+    (y,) = execute(static)  # warm-up: builds the graph and gives this thread its handle
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (captured,) = execute(static)
+    for seed in (2, 3):
+        fresh = linear_inputs(seed=seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(captured, linear_relu_reference(*fresh), **TOLERANCE)
+
+
+def test_capture_refuses_a_graph_that_was_never_built():
+    cold = linear_inputs(3, 48, 32, 8, seed=4)
+    execute(linear_inputs())  # this thread has its handle; only the graph is new
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="Warm up before capture"):
+        with torch.cuda.graph(graph):
+            execute(cold)
+    torch.testing.assert_close(execute(cold)[0], linear_relu_reference(*cold), **TOLERANCE)
+
+
+def test_builds_are_scoped_to_the_target_device():
+    seen = []
+
+    def recording_builder(graph, x, w, b):
+        seen.append((current_device(), build_scope_device(), torch.cuda.current_device()))
+        return linear_relu(graph, x, w, b)
+
+    gid = tch.register_graph(recording_builder, name="scoped")
+    with torch.cuda.device(0):
+        execute(linear_inputs(), graph=gid)
+    assert seen[-1] == (0, 0, 0)
+    with tch.build_scope("cuda:0") as handle:
+        assert current_device() == 0 and build_scope_device() == 0 and handle.device.ordinal == 0
+    assert build_scope_device() is None
+
+
+def test_each_key_is_built_exactly_once_under_concurrency():
+    gid = tch.register_graph(linear_relu, name="concurrent_build", note="distinct definition")
+    inputs = linear_inputs(2, 16, 32, 8, seed=5)
+    before = tch.registry_stats()["builds"]
+    barrier = threading.Barrier(8)
+    results = [None] * 8
+
+    def call(i):
+        barrier.wait()
+        results[i] = execute(inputs, graph=gid)[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tch.registry_stats()["builds"] == before + 1
+    for y in results:
+        torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
+
+
+def test_32_threads_execute_concurrently_and_all_match_torch():
+    inputs = [linear_inputs(2, 64, 32, 16, seed=100 + i) for i in range(32)]
+    execute(inputs[0])  # one build, shared by all threads
+    torch.cuda.synchronize()
+    barrier = threading.Barrier(32)
+    results, errors = [None] * 32, []
+
+    def serve(i):
+        try:
+            barrier.wait()
+            for _ in range(20):
+                y = execute(inputs[i])[0]
+            torch.cuda.current_stream().synchronize()
+            results[i] = y
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for i, y in enumerate(results):
+        torch.testing.assert_close(y, linear_relu_reference(*inputs[i]), **TOLERANCE)
+
+
+def test_opcheck_with_real_cuda_tensors():
+    inputs = linear_inputs()
+    torch.library.opcheck(torch.ops.cudnn_fe.execute.default, (LINEAR_RELU, inputs))
+    torch.library.opcheck(torch.ops.cudnn_fe.execute.default, (LINEAR_RELU, [t.requires_grad_() for t in linear_inputs()]))
+    out = torch.empty(2, 16, 8, dtype=torch.float16, device="cuda")
+    torch.library.opcheck(torch.ops.cudnn_fe.execute.out, (LINEAR_RELU, inputs), {"out": [out]})
+
+
+def built_linear_graph():
+    x, w, b = linear_inputs()
+    with tch.build_scope(0) as handle:
+        graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        X, W, B = graph.tensor_like(x), graph.tensor_like(w), graph.tensor_like(b)
+        Y = linear_relu(graph, X, W, B)
+        Y.set_output(True).set_data_type(cudnn.data_type.HALF)
+        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    return tch.register_built_graph(graph, [X, W, B], [Y], device="cuda:0", name="prebuilt_linear"), (x, w, b)
+
+
+def test_a_registered_built_graph_runs_and_checks_its_inputs():
+    gid, good = built_linear_graph()
+    torch.testing.assert_close(execute(good, graph=gid)[0], linear_relu_reference(*good), **TOLERANCE)
+    x, w, b = good
+    bad_calls = {
+        "dtype": ([x.float(), w, b], r"input 0 of graph 'prebuilt_linear' is float32\[2, 16, 32\].*built for float16\[2, 16, 32\]"),
+        "shape": ([x[:, :8], w, b], r"input 0 .* is float16\[2, 8, 32\]"),
+        "stride": ([x, w.mT.contiguous().mT, b], r"input 1 .* stride \[256, 1, 32\]"),
+        "count": ([x, w], "takes 3 input tensors, got 2"),
+        "cpu": ([x, w.cpu(), b], "input 1 .* is on cpu"),
+    }
+    for what, (inputs, message) in bad_calls.items():
+        with pytest.raises(ValueError, match=message):
+            execute(inputs, graph=gid)
+        # ... and nothing is lost: the next good call still works.
+        torch.testing.assert_close(execute(good, graph=gid)[0], linear_relu_reference(*good), **TOLERANCE)
+
+
+def test_bad_calls_raise_clearly_and_the_next_good_call_works():
+    good = linear_inputs()
+    with pytest.raises(ValueError, match="unknown graph id 424242"):
+        execute(good, graph=424242)
+    with pytest.raises(ValueError, match=r"out\[0\] .* is float16\[2, 16, 4\]"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, good, out=[torch.empty(2, 16, 4, dtype=torch.float16, device="cuda")])
+    with pytest.raises(ValueError, match="cuda:7 does not exist"):
+        tch.current_handle(7)
+    torch.testing.assert_close(execute(good)[0], linear_relu_reference(*good), **TOLERANCE)
+
+
+def test_the_cache_is_bounded_and_counts_evictions():
+    gid = tch.register_graph(linear_relu, name="bounded", note="eviction test")
+    old_capacity = tch.registry_stats()["capacity"]
+    before = tch.registry_stats()
+    tch.set_cache_capacity(before["cached"] + 1)
+    try:
+        for m in (16, 32, 48):
+            inputs = linear_inputs(2, m, 32, 8)
+            torch.testing.assert_close(execute(inputs, graph=gid)[0], linear_relu_reference(*inputs), **TOLERANCE)
+        after = tch.registry_stats()
+        assert after["evictions"] >= before["evictions"] + 2 and after["cached"] <= before["cached"] + 1
+    finally:
+        tch.set_cache_capacity(old_capacity)

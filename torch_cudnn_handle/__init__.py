@@ -1,0 +1,24 @@
+"""torch_cudnn_handle: the PyTorch side of the cuDNN frontend.
+
+* ``current_handle(device, stream)``: this thread's pooled ``cudnn.Handle`` for a
+  device, on torch's current stream, with the right CUDA context bound
+  (``pool.py``, ``csrc/pool``, ``csrc/context``).
+* ``build_scope(device)``: build graphs for a device (``build_scope.py``).
+* ``register_graph(builder, ...)``: hand a graph builder (or a built graph) to the
+  registry and get the int id ``torch.ops.cudnn_fe.execute`` takes (``registry.py``,
+  ``op.py``).
+"""
+
+import torch  # noqa: F401  -- before _C, which links against libtorch
+import cudnn  # noqa: F401  -- loads libcudnn, which the pool takes its handles from
+
+from .pool import PooledHandle, bind_context, current_handle, pool_stats, with_cuda
+
+__all__ = ["PooledHandle", "bind_context", "current_handle", "pool_stats", "with_cuda"]
+
+from .build_scope import build_scope
+from .registry import register_built_graph, register_graph, registry_stats, set_cache_capacity
+from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
+from .op import execute, execute_out
+
+__all__ += ["build_scope", "register_graph", "register_built_graph", "registry_stats", "set_cache_capacity", "execute", "execute_out"]

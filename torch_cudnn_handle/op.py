@@ -1,0 +1,152 @@
+"""Kernels of ``torch.ops.cudnn_fe.execute`` and ``execute.out`` (schemas: csrc/op).
+
+* CUDA kernel: the inputs' device picks the built graph (registry.py) and the pooled
+  handle (``current_handle``: torch's current stream there, the right context bound);
+  outputs and workspace come from torch's caching allocator on that stream, and the
+  frontend's ordered execute runs the graph. Nothing here synchronizes or allocates
+  outside torch, so the call is capturable into a CUDA graph once it is warm.
+* CPU kernel: refuses, clearly (cuDNN graphs run on CUDA tensors).
+* Fake kernel: output shapes, strides and dtypes from the graph's layout (the
+  builder run on a description, never built), so torch.compile traces the op without
+  a GPU and without graph breaks.
+* Autograd: the backward graph paired at registration runs through the same op, on
+  whichever thread autograd uses (its worker threads start with no CUDA context; the
+  pool binds one).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from . import registry as _registry_module
+from .pool import current_handle
+from .registry import TensorSpec
+
+_registry = _registry_module._registry
+
+__all__ = ["execute", "execute_out"]
+
+
+def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
+    """The one CUDA device all inputs are on; a clear error otherwise."""
+    device = None
+    for i, tensor in enumerate(inputs):
+        where = tensor.device
+        if where.type != "cuda":
+            raise ValueError(
+                f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}; cuDNN graphs run on CUDA "
+                "tensors, all on one device. Move it with .to('cuda:N')."
+            )
+        if device is None:
+            device = where.index
+        elif where.index != device:
+            raise ValueError(
+                f"cudnn_fe.execute: inputs of graph {_graph_label(graph_id)} are on more than one device (input 0 on "
+                f"cuda:{device}, input {i} on {where}); put them all on the device the graph should run on."
+            )
+    if device is None:
+        raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph_id)} got no input tensors")
+    return device
+
+
+def _graph_label(graph_id: int) -> str:
+    try:
+        return repr(_registry.definition(graph_id).name)
+    except ValueError:
+        return f"id {graph_id}"
+
+
+def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor]):
+    device = _inputs_device(graph_id, inputs)
+    key_specs = tuple((t.shape, t.stride(), t.dtype) for t in inputs)
+    return _registry.built_graph(graph_id, device, inputs, key_specs)
+
+
+def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    handle = current_handle(built.device)
+    workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=inputs[0].device) if built.workspace_size else None
+    built.graph.execute([*inputs, *outputs], workspace, handle=handle, tensor_uids=built.uids)
+
+
+def _empty_outputs(layout, device) -> List[torch.Tensor]:
+    return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in layout.outputs]
+
+
+def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    built = _built_for_call(graph, inputs)
+    outputs = _empty_outputs(built.layout, inputs[0].device)
+    _launch(built, inputs, outputs)
+    return outputs
+
+
+def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
+    built = _built_for_call(graph, inputs)
+    expected = built.layout.outputs
+    if len(out) != len(expected):
+        raise ValueError(f"cudnn_fe.execute.out: graph {_graph_label(graph)} has {len(expected)} outputs, got {len(out)} out tensors")
+    for i, (tensor, spec) in enumerate(zip(out, expected)):
+        if tensor.device != inputs[0].device or TensorSpec.of(tensor) != spec:
+            raise ValueError(
+                f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is {TensorSpec.of(tensor).describe()} on "
+                f"{tensor.device}, but the graph writes {spec.describe()} on {inputs[0].device}; allocate it with "
+                "torch.empty_strided(shape, stride, dtype=..., device=...)."
+            )
+    _launch(built, inputs, out)
+
+
+def _refuse_cpu(graph: int, inputs: List[torch.Tensor], **_kwargs):
+    _inputs_device(graph, inputs)  # names the first non-CUDA input
+    raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} needs CUDA inputs")
+
+
+def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
+    return _registry.layout(graph, tuple(TensorSpec.of(t) for t in inputs))
+
+
+def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    return _empty_outputs(_layout_for_fake(graph, inputs), inputs[0].device)
+
+
+def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
+    _layout_for_fake(graph, inputs)  # an unknown id or a bad arity fails at trace time too
+    return None
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    graph, tensors = inputs
+    ctx.graph = graph
+    ctx.num_inputs = len(tensors)
+    ctx.save_for_backward(*tensors, *output)
+
+
+def _backward(ctx, grad_outputs):
+    saved = ctx.saved_tensors
+    inputs, outputs = saved[: ctx.num_inputs], saved[ctx.num_inputs :]
+    backward = _registry.backward_of(ctx.graph)
+    # A graph is built for exact strides; autograd hands over whatever it has (an
+    # expanded scalar has stride 0), so give the backward graph dense gradients.
+    grads = [torch.zeros_like(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
+    operands = list(_registry.definition(ctx.graph).backward_operands(grads, list(inputs), list(outputs)))
+    results = torch.ops.cudnn_fe.execute(backward.graph_id, operands)
+    positions = _registry.layout(backward.graph_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
+    grad_inputs = [None] * len(inputs)
+    for position, grad in zip(positions, results):
+        if position >= len(inputs):
+            raise ValueError(f"graph {backward.name!r} returned more gradients than its forward has inputs ({len(inputs)})")
+        grad_inputs[position] = grad
+    return None, grad_inputs
+
+
+_lib = torch.library.Library("cudnn_fe", "IMPL")
+_lib.impl("execute", _execute_cuda, "CUDA")
+_lib.impl("execute.out", _execute_out_cuda, "CUDA")
+_lib.impl("execute", _refuse_cpu, "CPU")
+_lib.impl("execute.out", _refuse_cpu, "CPU")
+torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
+torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
+torch.library.register_autograd("cudnn_fe::execute", _backward, setup_context=_setup_context, lib=_lib)
+
+execute = torch.ops.cudnn_fe.execute.default
+execute_out = torch.ops.cudnn_fe.execute.out

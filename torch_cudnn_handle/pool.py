@@ -1,0 +1,89 @@
+"""The pool's Python face: ``current_handle``, ``pool_stats``, ``bind_context``.
+
+The pool itself is C++ (``csrc/pool/``): one cuDNN handle per (device, thread), kept
+in a thread-local window and returned to a per-device free list when the thread exits.
+This module gives each pooled backend handle its ``cudnn.Handle`` (the frontend's
+first-class handle object) and the public functions.
+
+Who owns what:
+  * the C++ pool owns every backend handle for the life of the process (never
+    destroyed; see ``csrc/pool/device_thread_handle_pool.h``);
+  * each backend handle owns exactly one :class:`PooledHandle` (made on first request,
+    kept forever), so a thread asking twice for the same device gets the same object
+    and the frontend's ``cudnn.set_stream`` short-circuit keeps working;
+  * a thread holds its handle from its first request until it exits. Use a handle on
+    the thread that got it: cuDNN forbids sharing one across threads.
+"""
+
+from __future__ import annotations
+
+import cudnn  # noqa: F401  -- loads the libcudnn the pool takes its handles from
+import torch  # noqa: F401  -- loads libc10/libtorch, which _C links against
+
+from . import _C
+
+__all__ = ["PooledHandle", "current_handle", "pool_stats", "bind_context", "with_cuda"]
+
+with_cuda: bool = _C.with_cuda
+
+
+class PooledHandle(cudnn.Handle):
+    """A ``cudnn.Handle`` lent by the pool to one thread for one device.
+
+    Its ``stream`` is not an attribute of its own but the pool's record of the stream
+    cuDNN has for this handle: the pool sets the stream on every ``current_handle()``
+    call and on every ``cudnn_fe.execute`` without Python, and the frontend's
+    ``cudnn.set_stream(handle, s)`` records into the same place, so the two can never
+    disagree about where the handle's work goes. Never ``cudnn.destroy_handle`` it:
+    the pool owns it.
+    """
+
+    def __init__(self, state):
+        self._state = state  # _C.PooledHandleState, owned by the C++ pool
+        super().__init__(state.backend_handle, state.device, state.stream)
+
+    @property
+    def stream(self) -> int:
+        return self._state.stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        # Called by cudnn.Handle.__init__ and by cudnn.set_stream after it has set the
+        # backend's stream itself: record only.
+        self._state.stream = 0 if value is None else int(value)
+
+    @property
+    def set_stream_calls(self) -> int:
+        """How many times the pool called cudnnSetStream on this handle."""
+        return self._state.set_stream_calls
+
+    def __repr__(self) -> str:
+        return f"PooledHandle(backend_handle=0x{self.backend_handle:x}, cuda:{self._ordinal}, stream=0x{self.stream:x})"
+
+
+def _cpu_build_error(*_args, **_kwargs):
+    raise RuntimeError(
+        "torch_cudnn_handle was compiled against a torch without CUDA, so it has no cuDNN handle pool. "
+        "Reinstall it (pip install --no-build-isolation -e .) in an environment whose torch has CUDA."
+    )
+
+
+if with_cuda:
+    _C._set_handle_factory(PooledHandle)
+
+    current_handle = _C.current_handle
+    pool_stats = _C.pool_stats
+    bind_context = _C.bind_context
+else:
+
+    def current_handle(device=None, stream=None):
+        """See the CUDA build's docstring; this build has no pool."""
+        _C.parse_device(device)  # a bad device is reported as such on any build
+        _cpu_build_error()
+
+    def pool_stats():
+        return {"devices": {}, "set_stream_calls": 0}
+
+    def bind_context(device=None, stream=None):
+        _C.parse_device(device)
+        _cpu_build_error()

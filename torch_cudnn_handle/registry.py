@@ -1,0 +1,450 @@
+"""The graph registry: graph builders (or built graphs) in, int ids out.
+
+``torch.ops.cudnn_fe.execute`` takes a graph as an int id, so it works with opcheck,
+torch.compile, export and CUDA graphs on every torch version. An id names a
+*definition*: a builder plus its parameters (or one graph already built). The
+registry turns a definition and the inputs of a call into a built graph:
+
+  * per (id, device, input shapes/strides/dtypes) the graph is built once, on first
+    use, inside ``build_scope(device)``, and kept in a bounded LRU cache; concurrent
+    first callers of one key wait for the one build instead of building twice;
+  * a graph built for one device is only ever executed on that device (the device is
+    part of the key; a registered built graph refuses inputs on another device);
+  * the fake kernel (torch.compile, meta/fake tensors, no GPU needed) asks for the
+    *layout* of the outputs only: the same builder run on a graph description, never
+    built, so its shapes, strides and dtypes are by construction the real ones.
+
+Ownership: the registry owns definitions for the life of the process and built graphs
+until the LRU evicts them (a call that is executing one keeps it alive through its own
+reference). Every method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import itertools
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import cudnn
+import torch
+from cudnn.datatypes import torch_to_cudnn_data_type
+
+from .build_scope import build_scope
+
+__all__ = [
+    "TensorSpec",
+    "GraphLayout",
+    "BuiltGraph",
+    "register_graph",
+    "register_built_graph",
+    "graph_name",
+    "registry_stats",
+    "set_cache_capacity",
+]
+
+# The dtypes a graph's tensors may have, and their cudnn.data_type (the frontend's own table).
+_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool)
+_TORCH_OF_CUDNN = {torch_to_cudnn_data_type(dt): dt for dt in _TORCH_DTYPES}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape, stride (in elements) and dtype of one graph operand."""
+
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+
+    def describe(self) -> str:
+        return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphLayout:
+    """What a call's outputs look like: their specs, and for each output the position
+    (in the builder's returned sequence) it came from; a builder may return None for
+    a slot (a backward builder does, for a forward input with no gradient)."""
+
+    outputs: Tuple[TensorSpec, ...]
+    output_positions: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltGraph:
+    """A graph built for one device and one set of input specs."""
+
+    graph: Any  # cudnn.pygraph, built
+    device: int
+    inputs: Tuple[TensorSpec, ...]
+    layout: GraphLayout
+    uids: Tuple[int, ...]  # operand uids, inputs then outputs: the op's buffer order
+    workspace_size: int
+
+
+@dataclasses.dataclass
+class _Definition:
+    graph_id: int
+    name: str
+    builder: Optional[Callable[..., Any]]
+    params: Dict[str, Any]
+    num_inputs: Optional[int]  # None: the builder takes *inputs
+    backward_id: Optional[int] = None  # the paired backward graph, if any
+    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None
+    built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
+
+
+# ---------------------------------------------------------------------------------
+# Describing and building one graph
+
+
+def _floating_dtype(specs: Sequence[TensorSpec]) -> torch.dtype:
+    return next((s.dtype for s in specs if s.dtype.is_floating_point), torch.float32)
+
+
+def _validate_description(graph) -> None:
+    """Run the frontend's validate(): shape/stride inference over the description,
+    then the backend's own check. The backend check needs the CUDA driver; on a machine
+    without one, inference has already run when it fails, and that is all a layout
+    needs (a real build, which needs the GPU anyway, validates fully)."""
+    try:
+        graph.validate()
+    except (ValueError, TypeError):
+        raise
+    except Exception:
+        if torch.cuda.is_available():
+            raise
+
+
+def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
+    """Run the definition's builder on a fresh graph description for ``specs``."""
+    graph = cudnn.pygraph(
+        name=definition.name,
+        io_data_type=torch_to_cudnn_data_type(_floating_dtype(specs)),
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    inputs = [
+        graph.tensor(name=f"input{i}", dim=list(s.shape), stride=list(s.stride), data_type=torch_to_cudnn_data_type(s.dtype))
+        for i, s in enumerate(specs)
+    ]
+    result = definition.builder(graph, *inputs, **definition.params)
+    returned = [result] if isinstance(result, cudnn.Tensor) else list(result)
+    outputs, positions = [], []
+    for position, tensor in enumerate(returned):
+        if tensor is not None:
+            tensor.set_output(True)
+            outputs.append(tensor)
+            positions.append(position)
+    if not outputs:
+        raise ValueError(f"graph {definition.name!r}: the builder returned no output tensor")
+    _validate_description(graph)
+    out_specs = []
+    for i, tensor in enumerate(outputs):
+        if not tensor.dim or not tensor.stride:
+            raise ValueError(
+                f"graph {definition.name!r}: could not infer the shape of output {i}; give it one in the builder "
+                "(tensor.set_dim(...).set_stride(...))"
+            )
+        dtype = _TORCH_OF_CUDNN.get(tensor.data_type)
+        if dtype is None:
+            raise ValueError(f"graph {definition.name!r}: output {i} has data type {tensor.data_type}, which torch cannot hold; set_data_type() it")
+        out_specs.append(TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype))
+    layout = GraphLayout(tuple(out_specs), tuple(positions))
+    return graph, inputs, outputs, layout
+
+
+def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...]) -> BuiltGraph:
+    with build_scope(device) as handle:
+        graph, inputs, outputs, layout = _describe(definition, specs, handle)
+        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        workspace = int(graph.get_workspace_size())
+    return BuiltGraph(graph, device, specs, layout, tuple(t.uid for t in inputs + outputs), workspace)
+
+
+# ---------------------------------------------------------------------------------
+# The registry
+
+
+class _InFlightBuild:
+    def __init__(self):
+        self.done = threading.Event()
+        self.result: Optional[BuiltGraph] = None
+        self.error: Optional[BaseException] = None
+
+
+class GraphRegistry:
+    """Definitions by id, and an LRU cache of built graphs (see the module docstring)."""
+
+    def __init__(self, capacity: int = 1024, layout_capacity: int = 4096):
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._definitions: Dict[int, _Definition] = {}
+        self._backward_ids: Dict[Tuple[int, int, int], int] = {}
+        self._built: "collections.OrderedDict[tuple, BuiltGraph]" = collections.OrderedDict()
+        self._in_flight: Dict[tuple, _InFlightBuild] = {}
+        self._layouts: "collections.OrderedDict[tuple, GraphLayout]" = collections.OrderedDict()
+        self.capacity = capacity
+        self.layout_capacity = layout_capacity
+        self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
+
+    # -- definitions -------------------------------------------------------------
+
+    def _add(self, definition_args: dict) -> int:
+        with self._lock:
+            graph_id = next(self._ids)
+            self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
+            return graph_id
+
+    def register(self, builder, *, name=None, backward=None, backward_operands=None, **params) -> int:
+        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
+        if builder is None:
+            raise TypeError("register_graph: expected a builder callable, got None")
+        if backward_operands is not None and backward is None:
+            raise TypeError("register_graph: backward_operands needs a backward builder")
+        name = name or getattr(builder, "__name__", "graph")
+        backward_id = None
+        if backward is not None:
+            backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward)))
+        return self._add(
+            dict(
+                name=name,
+                builder=builder,
+                params=dict(params),
+                num_inputs=_positional_arity(builder),
+                backward_id=backward_id,
+                backward_operands=backward_operands or _default_backward_operands,
+            )
+        )
+
+    def register_built(self, graph, inputs, outputs, *, device, name=None) -> int:
+        ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+        if ordinal is None:
+            raise ValueError("register_built_graph: name the device the graph was built for, e.g. device='cuda:0'")
+        in_specs = tuple(_spec_of_cudnn_tensor(t, f"input {i}") for i, t in enumerate(inputs))
+        out_specs = tuple(_spec_of_cudnn_tensor(t, f"output {i}") for i, t in enumerate(outputs))
+        built = BuiltGraph(
+            graph=graph,
+            device=ordinal,
+            inputs=in_specs,
+            layout=GraphLayout(out_specs, tuple(range(len(out_specs)))),
+            uids=tuple(t.uid for t in list(inputs) + list(outputs)),
+            workspace_size=int(graph.get_workspace_size()),
+        )
+        return self._add(dict(name=name or "built_graph", builder=None, params={}, num_inputs=len(in_specs), built=built))
+
+    def definition(self, graph_id: int) -> _Definition:
+        definition = self._definitions.get(graph_id)
+        if definition is None:
+            raise ValueError(
+                f"cudnn_fe.execute: unknown graph id {graph_id}; ids come from torch_cudnn_handle.register_graph() "
+                "(or register_built_graph()) in this process"
+            )
+        return definition
+
+    def backward_of(self, forward_id: int) -> _Definition:
+        """The definition of the backward graph paired with ``forward_id``."""
+        forward = self.definition(forward_id)
+        if forward.backward_id is None:
+            raise RuntimeError(
+                f"graph {forward.name!r} (id {forward_id}) has no backward graph, so it cannot be differentiated; "
+                "register it with register_graph(builder, backward=backward_builder)"
+            )
+        return self.definition(forward.backward_id)
+
+    # -- layouts and builds ------------------------------------------------------
+
+    def layout(self, graph_id: int, specs: Tuple[TensorSpec, ...]) -> GraphLayout:
+        definition = self.definition(graph_id)
+        if definition.built is not None:
+            return definition.built.layout
+        _check_arity(definition, len(specs))
+        key = (graph_id, specs)
+        with self._lock:
+            layout = self._layouts.get(key)
+            if layout is not None:
+                self._layouts.move_to_end(key)
+                return layout
+        layout = _describe(definition, specs)[3]
+        with self._lock:
+            self._layouts[key] = layout
+            while len(self._layouts) > self.layout_capacity:
+                self._layouts.popitem(last=False)
+        return layout
+
+    def built_graph(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple) -> BuiltGraph:
+        """The graph ``graph_id`` built for ``device`` and these inputs; built on first
+        use. ``key_specs`` is ``tuple((t.shape, t.stride(), t.dtype) for t in inputs)``."""
+        key = (graph_id, device, key_specs)
+        with self._lock:
+            built = self._built.get(key)
+            if built is not None:
+                self._built.move_to_end(key)
+                self.counters["hits"] += 1
+                return built
+        definition = self.definition(graph_id)
+        if definition.built is not None:
+            return _check_built_graph_inputs(definition, device, inputs)
+        return self._build_once(key, definition, device, tuple(TensorSpec.of(t) for t in inputs))
+
+    def _build_once(self, key, definition: _Definition, device: int, specs) -> BuiltGraph:
+        _check_arity(definition, len(specs))
+        with self._lock:
+            built = self._built.get(key)
+            if built is not None:
+                self.counters["hits"] += 1
+                return built
+            self.counters["misses"] += 1
+            flight = self._in_flight.get(key)
+            owner = flight is None
+            if owner:
+                flight = self._in_flight[key] = _InFlightBuild()
+        if not owner:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.result
+        try:
+            if _capturing(device):
+                raise RuntimeError(
+                    f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
+                    f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
+                    "which a build cannot be part of. Warm up before capture: run the same call once outside it."
+                )
+            built = _build(definition, device, specs)
+        except BaseException as error:
+            flight.error = error
+            with self._lock:
+                del self._in_flight[key]
+            flight.done.set()
+            raise
+        with self._lock:
+            self.counters["builds"] += 1
+            self._built[key] = built
+            while len(self._built) > self.capacity:
+                self._built.popitem(last=False)
+                self.counters["evictions"] += 1
+            del self._in_flight[key]
+        flight.result = built
+        flight.done.set()
+        return built
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self.counters, cached=len(self._built), capacity=self.capacity, definitions=len(self._definitions))
+
+
+def _capturing(device: int) -> bool:
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def _default_backward_operands(grad_outputs, inputs, outputs):
+    return [*grad_outputs, *inputs, *outputs]
+
+
+def _positional_arity(builder) -> Optional[int]:
+    """How many inputs a builder ``f(graph, *inputs, **params)`` takes, or None for *args."""
+    try:
+        parameters = list(inspect.signature(builder).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return None
+    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
+
+
+def _check_arity(definition: _Definition, count: int) -> None:
+    if definition.num_inputs is not None and count != definition.num_inputs:
+        raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
+
+
+def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
+    dtype = _TORCH_OF_CUDNN.get(tensor.data_type)
+    if dtype is None or not tensor.dim:
+        raise ValueError(f"register_built_graph: {what} needs dims, strides and a torch-representable data type")
+    return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype)
+
+
+def _check_built_graph_inputs(definition: _Definition, device: int, inputs: Sequence[torch.Tensor]) -> BuiltGraph:
+    """A registered built graph runs only on its device and only for the inputs it was built for."""
+    built = definition.built
+    if device != built.device:
+        raise ValueError(
+            f"cudnn_fe.execute: graph {definition.name!r} was built for cuda:{built.device} but the inputs are on "
+            f"cuda:{device}; a built graph never runs on another device. Move the inputs, or register a builder "
+            "(register_graph) so the graph is built per device."
+        )
+    _check_arity(definition, len(inputs))
+    for i, (tensor, expected) in enumerate(zip(inputs, built.inputs)):
+        got = TensorSpec.of(tensor)
+        if got != expected:
+            raise ValueError(
+                f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {got.describe()}, but the graph was built "
+                f"for {expected.describe()}. Pass a tensor of that layout (e.g. .contiguous() / .to(dtype)), or register "
+                "a builder (register_graph) so a graph is built for each layout."
+            )
+    return built
+
+
+_registry = GraphRegistry()
+
+
+def register_graph(
+    builder: Callable[..., Any],
+    *,
+    name: Optional[str] = None,
+    backward: Optional[Callable[..., Any]] = None,
+    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None,
+    **params,
+) -> int:
+    """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
+
+    ``builder(graph, *inputs, **params)`` adds nodes to ``graph`` (a ``cudnn.pygraph``
+    whose io type is the first floating input's dtype and whose intermediate and
+    compute types are float32) for ``inputs`` (one ``cudnn`` tensor per op input, with
+    the call's shapes, strides and dtypes) and returns its output tensor or a sequence
+    of them; the registry marks them as outputs. ``params`` are passed to every call of
+    the builder and are part of the definition: the same builder with other
+    parameters is another id.
+
+    ``backward`` (optional) makes the op differentiable. It is a builder too:
+    ``backward(graph, *operands, **params)`` returns one gradient tensor (or None) per
+    forward input. Its operands are the torch tensors
+    ``backward_operands(grad_outputs, inputs, outputs)`` returns (by default all of
+    them, in that order); return views there (``w.mT``) where the backward graph wants
+    another layout of a saved tensor; views cost nothing.
+    """
+    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, **params)
+
+
+def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:
+    """Register a ``cudnn.pygraph`` that is already built, with its input and output
+    tensors in the op's order. It runs only on ``device`` and only for inputs of
+    exactly the shapes, strides and dtypes it was built for."""
+    return _registry.register_built(graph, inputs, outputs, device=device, name=name)
+
+
+def graph_name(graph_id: int) -> str:
+    return _registry.definition(graph_id).name
+
+
+def registry_stats() -> dict:
+    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity."""
+    return _registry.stats()
+
+
+def set_cache_capacity(capacity: int) -> None:
+    """Bound the number of built graphs kept (least recently used are evicted first)."""
+    if capacity < 1:
+        raise ValueError("the built-graph cache needs a capacity of at least 1")
+    _registry.capacity = capacity
