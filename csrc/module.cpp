@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 #include <torch/csrc/Device.h>
 
+#include <optional>
 #include <string>
 
 #include "pool/pool_seam.h"
