@@ -63,10 +63,11 @@ def main(argv=None):
     with tch.build_scope(0) as handle:
         graph, uids = matmul_graph(handle, a, b)
     buffers = [a, b, c]
+    workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device="cuda")
     figures = compare(
         {
-            "frontend pattern + execute": lambda: graph.execute(buffers, None, handle=frontend_pattern_handle(0), tensor_uids=uids),
-            "current_handle() + execute": lambda: graph.execute(buffers, None, handle=tch.current_handle(), tensor_uids=uids),
+            "frontend pattern + execute": lambda: graph.execute(buffers, workspace, handle=frontend_pattern_handle(0), tensor_uids=uids),
+            "current_handle() + execute": lambda: graph.execute(buffers, workspace, handle=tch.current_handle(), tensor_uids=uids),
         },
         calls=args.calls,
     )

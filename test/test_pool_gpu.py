@@ -59,7 +59,8 @@ def small_matmul_graph():
         C = graph.matmul(A, B)
         C.set_output(True).set_data_type(cudnn.data_type.HALF)
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    return graph, (A, B, C), (a, b)
+    workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    return graph, (A, B, C), (a, b), workspace
 
 
 def test_handle_is_the_frontends_handle_bound_to_the_device():
@@ -111,7 +112,7 @@ def test_bad_streams_are_rejected():
 
 
 def test_a_brand_new_thread_runs_a_frontend_graph():
-    graph, (A, B, C), (a, b) = small_matmul_graph()
+    graph, (A, B, C), (a, b), workspace = small_matmul_graph()
     c = torch.empty(1, 16, 16, device="cuda", dtype=torch.float16)
     torch.cuda.synchronize()
 
@@ -119,7 +120,7 @@ def test_a_brand_new_thread_runs_a_frontend_graph():
         before = _C.current_context_device()  # nothing torch-related ran on this thread
         handle = tch.current_handle()
         after = _C.current_context_device()
-        graph.execute({A: a, B: b, C: c}, None, handle=handle)
+        graph.execute({A: a, B: b, C: c}, workspace, handle=handle)
         torch.cuda.synchronize()
         return before, after, handle.device.ordinal
 
