@@ -101,21 +101,26 @@ int parse_device(py::handle device) {
 constexpr const char* kStreamHint =
     "Pass None (torch's current stream), a torch.cuda.Stream, or its .cuda_stream int.";
 
-// None | int | torch.cuda.Stream-like  ->  a raw stream on `device`.
-cudaStream_t parse_stream(py::handle stream, int device) {
+struct ParsedStream {
+  cudaStream_t stream;
+  bool is_on_device;  // known to live on the requested device without asking the driver
+};
+
+// None | int | torch.cuda.Stream-like  ->  a raw stream for `device`.
+ParsedStream parse_stream(py::handle stream, int device) {
   if (stream.is_none()) {
-    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+    return {c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream(), true};
   }
   if (py::isinstance<py::int_>(stream) && !py::isinstance<py::bool_>(stream)) {
     const auto raw = stream.cast<int64_t>();
     TORCH_CHECK_VALUE(raw >= 0, "torch_cudnn_handle: ", raw, " is not a CUDA stream handle. ", kStreamHint);
-    return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(raw));
+    return {reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(raw)), false};
   }
   if (py::hasattr(stream, "cuda_stream") && py::hasattr(stream, "device_index")) {
     const auto stream_device = stream.attr("device_index").cast<int64_t>();
     TORCH_CHECK_VALUE(stream_device == device, "torch_cudnn_handle: the stream is on cuda:", stream_device,
                       " but the handle is for cuda:", device, ". Use a stream of cuda:", device, ".");
-    return reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.attr("cuda_stream").cast<int64_t>()));
+    return {reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.attr("cuda_stream").cast<int64_t>())), true};
   }
   TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a stream, got ",
                    py::str(py::type::of(stream).attr("__name__")).cast<std::string>(), ". ", kStreamHint);
@@ -136,13 +141,13 @@ py::object python_handle_of(PooledCudnnHandle* handle) {
 
 py::object current_handle(py::handle device_arg, py::handle stream_arg) {
   const int device = parse_device(device_arg);
-  cudaStream_t stream = parse_stream(stream_arg, device);
+  const ParsedStream stream = parse_stream(stream_arg, device);
   PooledCudnnHandle* handle = nullptr;
   if (find_thread_handle(device) == nullptr) {
     py::gil_scoped_release no_gil;  // creating a handle takes milliseconds
-    handle = handle_for_call(device, stream);
+    handle = handle_for_call(device, stream.stream, stream.is_on_device);
   } else {
-    handle = handle_for_call(device, stream);
+    handle = handle_for_call(device, stream.stream, stream.is_on_device);
   }
   return python_handle_of(handle);
 }
@@ -227,7 +232,7 @@ and any request in a child forked after handles existed.)doc");
       "bind_context",
       [](py::handle device_arg, py::handle stream_arg) {
         const int device = parse_device(device_arg);
-        context::ensure_current(device, parse_stream(stream_arg, device), nullptr);
+        context::ensure_current(device, parse_stream(stream_arg, device).stream, nullptr);
       },
       py::arg("device") = py::none(), py::arg("stream") = py::none(),
       "Make the right CUDA context current on this thread for work of `device` on `stream` "

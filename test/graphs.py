@@ -1,6 +1,11 @@
-"""Graph builders the tests share: a fused linear layer, relu(x @ w + b), and its backward."""
+"""Graph builders the tests share.
 
-import cudnn
+* LINEAR_RELU: a fused linear layer, relu(x @ w + b). cuDNN fuses one matmul per
+  graph, so its backward (two matmuls) is a torch-level ``backward_fn`` running three
+  registered graphs (and a torch sum for the bias gradient).
+* RELU: a pointwise relu whose backward is a single backward graph (``backward=``).
+"""
+
 import torch
 
 import torch_cudnn_handle as tch
@@ -10,24 +15,38 @@ def linear_relu(graph, x, w, b):
     return graph.relu(graph.add(graph.matmul(x, w, name="mm"), b, name="bias"), name="act")
 
 
-def linear_relu_backward(graph, dy, y, x_t, w_t):
-    dz = graph.relu_backward(dy, y, name="drelu")
-    dx = graph.matmul(dz, w_t, name="dx")
-    dw = graph.matmul(x_t, dz, name="dw")
-    db = graph.reduction(dz, mode=cudnn.reduction_mode.ADD, name="db")
-    batch, _, n = dy.dim  # dz has no dims until validate() infers them
-    db.set_dim([batch, 1, n]).set_stride([n, n, 1]).set_data_type(dy.data_type)
-    return [dx, dw, db]
+def matmul(graph, a, b):
+    return graph.matmul(a, b, name="mm")
 
 
-def linear_relu_backward_operands(grads, inputs, outputs):
+def relu_backward(graph, dy, y):
+    return graph.relu_backward(dy, y, name="drelu")
+
+
+MATMUL = tch.register_graph(matmul, name="matmul")
+RELU_BACKWARD = tch.register_graph(relu_backward, name="relu_backward")
+
+
+def linear_relu_backward(grads, inputs, outputs):
     (dy,), (x, w, _b), (y,) = grads, inputs, outputs
-    return [dy, y, x.mT, w.mT]
+    (dz,) = torch.ops.cudnn_fe.execute(RELU_BACKWARD, [dy, y])
+    (dx,) = torch.ops.cudnn_fe.execute(MATMUL, [dz, w.mT])
+    (dw,) = torch.ops.cudnn_fe.execute(MATMUL, [x.mT, dz])
+    return [dx, dw, dz.sum(dim=1, keepdim=True)]
 
 
-LINEAR_RELU = tch.register_graph(
-    linear_relu, name="linear_relu", backward=linear_relu_backward, backward_operands=linear_relu_backward_operands
-)
+LINEAR_RELU = tch.register_graph(linear_relu, name="linear_relu", backward_fn=linear_relu_backward)
+
+
+def relu(graph, x):
+    return graph.relu(x, name="act")
+
+
+def relu_grad(graph, dy, x):
+    return [graph.relu_backward(dy, x, name="drelu")]
+
+
+RELU = tch.register_graph(relu, name="relu", backward=relu_grad, backward_operands=lambda grads, ins, outs: [grads[0], ins[0]])
 
 
 def linear_relu_reference(x, w, b):

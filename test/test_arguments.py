@@ -67,7 +67,7 @@ def test_a_graph_without_backward_says_so_at_backward_time():
     gid = tch.register_graph(lambda g, x: g.relu(x), name="relu_only")
     x = torch.empty(4, 8, 8, device="meta", requires_grad=True)
     (y,) = torch.ops.cudnn_fe.execute(gid, [x])
-    with pytest.raises(RuntimeError, match="'relu_only'.*no backward graph.*backward="):
+    with pytest.raises(RuntimeError, match="'relu_only'.*no backward.*backward="):
         y.sum().backward()
 
 

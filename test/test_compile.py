@@ -10,8 +10,7 @@ from expecttest import TestCase
 from torch._dynamo.testing import AotEagerAndRecordGraphs, normalize_gm
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from graphs import LINEAR_RELU
-from torch_cudnn_handle import registry
+from graphs import LINEAR_RELU, MATMUL, RELU, RELU_BACKWARD
 
 
 def linear_relu_loss(x, w, b):
@@ -20,8 +19,9 @@ def linear_relu_loss(x, w, b):
 
 def with_named_ids(graph_code: str) -> str:
     """Graph ids depend on registration order; name them so the expected text does not."""
-    backward_id = registry._registry.definition(LINEAR_RELU).backward_id
-    return graph_code.replace(f".default({LINEAR_RELU}, ", ".default(ID, ").replace(f".default({backward_id}, ", ".default(BACKWARD_ID, ")
+    for name, graph_id in (("LINEAR_RELU", LINEAR_RELU), ("MATMUL", MATMUL), ("RELU_BACKWARD", RELU_BACKWARD)):
+        graph_code = graph_code.replace(f".default({graph_id}, ", f".default({name}, ")
+    return graph_code
 
 
 def linear_shapes():
@@ -44,7 +44,7 @@ class TestCompile(TestCase):
             """\
 class <lambda>(torch.nn.Module):
     def forward(self, arg0_1: "f16[2, 16, 32]", arg1_1: "f16[2, 32, 8]", arg2_1: "f16[2, 1, 8]"):
-        execute = torch.ops.cudnn_fe.execute.default(ID, [arg0_1, arg1_1, arg2_1]);  arg0_1 = arg1_1 = arg2_1 = None
+        execute = torch.ops.cudnn_fe.execute.default(LINEAR_RELU, [arg0_1, arg1_1, arg2_1]);  arg0_1 = arg1_1 = arg2_1 = None
         getitem: "f16[2, 16, 8]" = execute[0];  execute = None
         _to_copy: "f32[2, 16, 8]" = torch.ops.aten._to_copy.default(getitem, dtype = torch.float32);  getitem = None
         sum_1: "f32[]" = torch.ops.aten.sum.default(_to_copy);  _to_copy = None
@@ -63,16 +63,26 @@ class <lambda>(torch.nn.Module):
             with_named_ids(bw),
             """\
 class GraphModule(torch.nn.Module):
-    def forward(self, detach_1: "f16[2, 16, 8]", transpose: "f16[2, 32, 16]", transpose_1: "f16[2, 8, 32]", tangents_1: "f32[]"):
+    def forward(self, detach_1: "f16[2, 16, 8]", transpose: "f16[2, 8, 32]", transpose_1: "f16[2, 32, 16]", tangents_1: "f32[]"):
         expand: "f32[2, 16, 8]" = torch.ops.aten.expand.default(tangents_1, [2, 16, 8]);  tangents_1 = None
         _to_copy_1: "f16[2, 16, 8]" = torch.ops.aten._to_copy.default(expand, dtype = torch.float16, layout = torch.strided, device = device(type='meta'));  expand = None
-        execute_1 = torch.ops.cudnn_fe.execute.default(BACKWARD_ID, [_to_copy_1, detach_1, transpose, transpose_1]);  _to_copy_1 = detach_1 = transpose = transpose_1 = None
-        getitem_1: "f16[2, 16, 32]" = execute_1[0]
-        getitem_2: "f16[2, 32, 8]" = execute_1[1]
-        getitem_3: "f16[2, 1, 8]" = execute_1[2];  execute_1 = None
-        return (getitem_1, getitem_2, getitem_3)
+        execute_1 = torch.ops.cudnn_fe.execute.default(RELU_BACKWARD, [_to_copy_1, detach_1]);  _to_copy_1 = detach_1 = None
+        getitem_1: "f16[2, 16, 8]" = execute_1[0];  execute_1 = None
+        execute_2 = torch.ops.cudnn_fe.execute.default(MATMUL, [getitem_1, transpose]);  transpose = None
+        getitem_2: "f16[2, 16, 32]" = execute_2[0];  execute_2 = None
+        execute_3 = torch.ops.cudnn_fe.execute.default(MATMUL, [transpose_1, getitem_1]);  transpose_1 = None
+        getitem_3: "f16[2, 32, 8]" = execute_3[0];  execute_3 = None
+        sum_2: "f16[2, 1, 8]" = torch.ops.aten.sum.dim_IntList(getitem_1, [1], True);  getitem_1 = None
+        return (getitem_2, getitem_3, sum_2)
 """,
         )
+
+    def test_a_single_backward_graph_traces_too(self):
+        x = torch.empty(4, 8, 16, dtype=torch.float16, device="meta", requires_grad=True)
+        backend = AotEagerAndRecordGraphs()
+        torch.compile(lambda x: torch.ops.cudnn_fe.execute(RELU, [x])[0].sum(), backend=backend, fullgraph=True)(x).backward()
+        self.assertEqual((len(backend.fw_graphs), len(backend.bw_graphs)), (1, 1))
+        self.assertEqual(x.grad.shape, x.shape)
 
     def test_fake_outputs_match_the_layout_exactly(self):
         with FakeTensorMode():

@@ -9,7 +9,7 @@ from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
 from conftest import requires_cuda
-from graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
+from graphs import LINEAR_RELU, RELU, linear_inputs, linear_relu, linear_relu_reference
 from test_pool_gpu import run_in_thread
 
 pytestmark = requires_cuda
@@ -40,21 +40,34 @@ def reference_grads(inputs):
 def test_backward_matches_torch_and_runs_on_the_autograd_worker():
     inputs = linear_inputs(2, 64, 32, 16, requires_grad=True)
     threads = []
-    original = tch.registry._registry.definition(LINEAR_RELU).backward_operands
+    definition = tch.registry._registry.definition(LINEAR_RELU)
+    original = definition.backward_fn
 
-    def recording_operands(grads, ins, outs):
-        threads.append(threading.get_ident())
+    def recording_backward(grads, ins, outs):
+        threads.append((threading.get_ident(), torch.cuda.current_stream().cuda_stream))
         return original(grads, ins, outs)
 
-    tch.registry._registry.definition(LINEAR_RELU).backward_operands = recording_operands
+    definition.backward_fn = recording_backward
+    side = torch.cuda.Stream()
     try:
-        (y,) = execute(inputs)
-        y.float().sum().backward()
+        with torch.cuda.stream(side):
+            (y,) = execute(inputs)
+            y.float().sum().backward()
+        torch.cuda.synchronize()
     finally:
-        tch.registry._registry.definition(LINEAR_RELU).backward_operands = original
-    assert threads and threads[0] != threading.get_ident()  # autograd's CUDA worker thread
+        definition.backward_fn = original
+    assert threads and threads[0][0] != threading.get_ident()  # autograd's CUDA worker thread ...
+    assert threads[0][1] == side.cuda_stream  # ... on the forward's stream
     for got, want in zip([t.grad for t in inputs], reference_grads(inputs)):
         torch.testing.assert_close(got.float(), want, **TOLERANCE)
+
+
+def test_a_single_backward_graph_differentiates_the_op():
+    x = (torch.randn(4, 8, 16, device="cuda", dtype=torch.float16)).requires_grad_()
+    (y,) = torch.ops.cudnn_fe.execute(RELU, [x])
+    torch.testing.assert_close(y, torch.relu(x))
+    (y.float() * 3).sum().backward()
+    torch.testing.assert_close(x.grad, (x > 0).to(x.dtype) * 3)
 
 
 def test_the_op_runs_on_a_cold_thread():

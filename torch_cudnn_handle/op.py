@@ -123,20 +123,32 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_outputs):
     saved = ctx.saved_tensors
-    inputs, outputs = saved[: ctx.num_inputs], saved[ctx.num_inputs :]
-    backward = _registry.backward_of(ctx.graph)
+    inputs, outputs = list(saved[: ctx.num_inputs]), list(saved[ctx.num_inputs :])
+    forward = _registry.differentiable(ctx.graph)
     # A graph is built for exact strides; autograd hands over whatever it has (an
-    # expanded scalar has stride 0), so give the backward graph dense gradients.
+    # expanded scalar has stride 0), so give the backward dense gradients.
     grads = [torch.zeros_like(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
-    operands = list(_registry.definition(ctx.graph).backward_operands(grads, list(inputs), list(outputs)))
-    results = torch.ops.cudnn_fe.execute(backward.graph_id, operands)
-    positions = _registry.layout(backward.graph_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
+    if forward.backward_fn is not None:
+        grad_inputs = list(forward.backward_fn(grads, inputs, outputs))
+    else:
+        grad_inputs = _run_backward_graph(forward, grads, inputs, outputs)
+    if len(grad_inputs) != len(inputs):
+        raise ValueError(f"the backward of graph {forward.name!r} returned {len(grad_inputs)} gradients for {len(inputs)} inputs")
+    return None, grad_inputs
+
+
+def _run_backward_graph(forward, grads, inputs, outputs):
+    """One backward graph: its outputs are the gradients its builder returned, in order,
+    with the None slots (inputs without a gradient) left out."""
+    operands = list(forward.backward_operands(grads, inputs, outputs))
+    results = torch.ops.cudnn_fe.execute(forward.backward_id, operands)
+    positions = _registry.layout(forward.backward_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
     grad_inputs = [None] * len(inputs)
     for position, grad in zip(positions, results):
         if position >= len(inputs):
-            raise ValueError(f"graph {backward.name!r} returned more gradients than its forward has inputs ({len(inputs)})")
+            raise ValueError(f"the backward graph of {forward.name!r} returned more gradients than its forward has inputs ({len(inputs)})")
         grad_inputs[position] = grad
-    return None, grad_inputs
+    return grad_inputs
 
 
 _lib = torch.library.Library("cudnn_fe", "IMPL")

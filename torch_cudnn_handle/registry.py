@@ -97,6 +97,7 @@ class _Definition:
     num_inputs: Optional[int]  # None: the builder takes *inputs
     backward_id: Optional[int] = None  # the paired backward graph, if any
     backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None
+    backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
 
 
@@ -203,14 +204,16 @@ class GraphRegistry:
             self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
             return graph_id
 
-    def register(self, builder, *, name=None, backward=None, backward_operands=None, **params) -> int:
-        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
+    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, **params) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
+        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands), ("backward_fn", backward_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
         if backward_operands is not None and backward is None:
             raise TypeError("register_graph: backward_operands needs a backward builder")
+        if backward is not None and backward_fn is not None:
+            raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
         name = name or getattr(builder, "__name__", "graph")
         backward_id = None
         if backward is not None:
@@ -223,6 +226,7 @@ class GraphRegistry:
                 num_inputs=_positional_arity(builder),
                 backward_id=backward_id,
                 backward_operands=backward_operands or _default_backward_operands,
+                backward_fn=backward_fn,
             )
         )
 
@@ -251,15 +255,15 @@ class GraphRegistry:
             )
         return definition
 
-    def backward_of(self, forward_id: int) -> _Definition:
-        """The definition of the backward graph paired with ``forward_id``."""
+    def differentiable(self, forward_id: int) -> _Definition:
+        """The definition of ``forward_id``, which must have a backward."""
         forward = self.definition(forward_id)
-        if forward.backward_id is None:
+        if forward.backward_id is None and forward.backward_fn is None:
             raise RuntimeError(
-                f"graph {forward.name!r} (id {forward_id}) has no backward graph, so it cannot be differentiated; "
-                "register it with register_graph(builder, backward=backward_builder)"
+                f"graph {forward.name!r} (id {forward_id}) has no backward, so it cannot be differentiated; register it "
+                "with register_graph(builder, backward=backward_builder) or register_graph(builder, backward_fn=fn)"
             )
-        return self.definition(forward.backward_id)
+        return forward
 
     # -- layouts and builds ------------------------------------------------------
 
@@ -405,6 +409,7 @@ def register_graph(
     name: Optional[str] = None,
     backward: Optional[Callable[..., Any]] = None,
     backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None,
+    backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -417,14 +422,21 @@ def register_graph(
     the builder and are part of the definition: the same builder with other
     parameters is another id.
 
-    ``backward`` (optional) makes the op differentiable. It is a builder too:
-    ``backward(graph, *operands, **params)`` returns one gradient tensor (or None) per
-    forward input. Its operands are the torch tensors
-    ``backward_operands(grad_outputs, inputs, outputs)`` returns (by default all of
-    them, in that order); return views there (``w.mT``) where the backward graph wants
-    another layout of a saved tensor; views cost nothing.
+    A backward makes ``torch.ops.cudnn_fe.execute(id, ...)`` differentiable; give one of:
+
+    * ``backward``: the builder of one backward graph, ``backward(graph, *operands,
+      **params)``, returning one gradient tensor (or None) per forward input. Its
+      operands are the torch tensors ``backward_operands(grad_outputs, inputs,
+      outputs)`` returns (by default all of them, in that order); return views there
+      (``w.mT``) where the backward graph wants another layout of a saved tensor.
+    * ``backward_fn(grad_outputs, inputs, outputs)``: torch-level code returning one
+      gradient (or None) per forward input, for a backward that takes several graphs
+      (cuDNN fuses one matmul per graph); it typically calls
+      ``torch.ops.cudnn_fe.execute`` on other registered graphs.
+
+    Either runs on the thread autograd picks, on the forward's device and stream.
     """
-    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, **params)
+    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn, **params)
 
 
 def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:

@@ -48,8 +48,8 @@ void refuse_creation_during_capture(int device, cudaStream_t stream) {
               ")) once on this thread, outside the capture.");
 }
 
-void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream) {
-  const int stream_device = context::device_of_stream(stream);
+void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream, bool stream_is_on_device) {
+  const int stream_device = stream_is_on_device ? handle->device : context::device_of_stream(stream);
   TORCH_CHECK_VALUE(stream_device < 0 || stream_device == handle->device,
                     "torch_cudnn_handle: the stream is on cuda:", stream_device,
                     " but the work is for cuda:", handle->device,
@@ -66,7 +66,7 @@ void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream) {
 
 }  // namespace
 
-PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream) {
+PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream, bool stream_is_on_device) {
   CudnnPool::PoolWindow& mine = window();
   if (mine.find(device) == nullptr) {
     check_not_forked();
@@ -74,7 +74,7 @@ PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream) {
   }
   PooledCudnnHandle* handle = mine.reserve(device);
   if (handle->stream != stream) {
-    set_backend_stream(handle, stream);
+    set_backend_stream(handle, stream, stream_is_on_device);
   }
   context::ensure_current(device, stream, handle->stream_context);
   return handle;

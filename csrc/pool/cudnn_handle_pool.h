@@ -39,7 +39,10 @@ struct PooledCudnnHandle {
 // right CUDA context current (context/context_guard.h). Throws when this thread has
 // no handle for `device` yet and `stream` is capturing a CUDA graph, in a process
 // forked after handles existed, and for a stream on another device.
-PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream);
+// `stream_is_on_device`: the caller knows the stream lives on `device` (torch's current
+// stream there, or a torch.cuda.Stream whose device was checked); otherwise the driver
+// is asked once per stream change.
+PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream, bool stream_is_on_device = true);
 
 // This thread's handle for `device` if it already has one, else nullptr. Never creates.
 PooledCudnnHandle* find_thread_handle(int device);
