@@ -32,7 +32,7 @@ extension_kwargs = dict(
     name="torch_cudnn_handle._C",
     sources=sources,
     include_dirs=[os.path.join(HERE, "csrc")],
-    extra_compile_args={"cxx": ["-O3", "-fvisibility=hidden"]},
+    extra_compile_args={"cxx": ["-O3"]},
     define_macros=[("TORCH_CUDNN_HANDLE_WITH_CUDA", None)] if WITH_CUDA else [],
     libraries=["dl"],
     py_limited_api=False,

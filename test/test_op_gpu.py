@@ -162,7 +162,7 @@ def test_builds_are_scoped_to_the_target_device():
 
 
 def test_each_key_is_built_exactly_once_under_concurrency():
-    gid = tch.register_graph(linear_relu, name="concurrent_build", note="distinct definition")
+    gid = tch.register_graph(linear_relu, name="concurrent_build")  # a new id: nothing built yet
     inputs = linear_inputs(2, 16, 32, 8, seed=5)
     before = tch.registry_stats()["builds"]
     barrier = threading.Barrier(8)
@@ -259,7 +259,7 @@ def test_bad_calls_raise_clearly_and_the_next_good_call_works():
 
 
 def test_the_cache_is_bounded_and_counts_evictions():
-    gid = tch.register_graph(linear_relu, name="bounded", note="eviction test")
+    gid = tch.register_graph(linear_relu, name="bounded")
     old_capacity = tch.registry_stats()["capacity"]
     before = tch.registry_stats()
     tch.set_cache_capacity(before["cached"] + 1)

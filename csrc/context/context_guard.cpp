@@ -17,22 +17,20 @@ struct DriverApi {
   CUresult (*ctx_set_current)(CUcontext) = nullptr;
   CUresult (*ctx_get_device)(CUdevice*) = nullptr;
   CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
-  CUresult (*stream_get_device)(CUstream, CUdevice*) = nullptr;  // CUDA >= 12.8; may be null
+  CUresult (*ctx_push_current)(CUcontext) = nullptr;
+  CUresult (*ctx_pop_current)(CUcontext*) = nullptr;
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
 };
 
 template <typename Fn>
-void resolve(const char* name, unsigned version, Fn& slot, bool required = true) {
+void resolve(const char* name, unsigned version, Fn& slot) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
   cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found);
   if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
     cudaGetLastError();  // do not leave a sticky-looking error for torch to find
-    if (required) {
-      throw std::runtime_error(std::string("torch_cudnn_handle: the CUDA driver has no ") + name);
-    }
-    return;
+    throw std::runtime_error(std::string("torch_cudnn_handle: the CUDA driver has no ") + name);
   }
   slot = reinterpret_cast<Fn>(fn);
 }
@@ -44,7 +42,8 @@ const DriverApi& driver() {
     resolve("cuCtxSetCurrent", 12000, a.ctx_set_current);
     resolve("cuCtxGetDevice", 12000, a.ctx_get_device);
     resolve("cuStreamGetCtx", 12000, a.stream_get_ctx);
-    resolve("cuStreamGetDevice", 12080, a.stream_get_device, /*required=*/false);
+    resolve("cuCtxPushCurrent", 12000, a.ctx_push_current);
+    resolve("cuCtxPopCurrent", 12000, a.ctx_pop_current);
     resolve("cuDeviceGet", 12000, a.device_get);
     resolve("cuDevicePrimaryCtxRetain", 12000, a.primary_ctx_retain);
     return a;
@@ -96,11 +95,17 @@ CUcontext context_of_stream(cudaStream_t stream) {
 }
 
 int device_of_stream(cudaStream_t stream) {
-  if (is_default_stream(stream) || driver().stream_get_device == nullptr) return -1;
+  // Not cuStreamGetDevice: it is not capture-safe (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+  // invalidates a capture in progress), while cuStreamGetCtx and a push/pop are.
+  CUcontext ctx = context_of_stream(stream);
+  if (ctx == nullptr) return -1;
+  const DriverApi& api = driver();
+  check(api.ctx_push_current(ctx), "cuCtxPushCurrent");
   CUdevice device;
-  if (driver().stream_get_device(reinterpret_cast<CUstream>(stream), &device) != CUDA_SUCCESS) {
-    return -1;
-  }
+  CUresult result = api.ctx_get_device(&device);
+  CUcontext popped;
+  check(api.ctx_pop_current(&popped), "cuCtxPopCurrent");
+  check(result, "cuCtxGetDevice");
   return static_cast<int>(device);
 }
 

@@ -23,8 +23,7 @@ bool is_default_stream(cudaStream_t stream);
 // The context a real (non-default) stream belongs to; nullptr for default handles.
 CUcontext context_of_stream(cudaStream_t stream);
 
-// The device ordinal a real stream lives on, or -1 for default handles / when the
-// driver cannot say.
+// The device ordinal a real stream lives on, or -1 for default handles.
 int device_of_stream(cudaStream_t stream);
 
 // Makes the right context current for work of `device` on `stream`.
