@@ -38,10 +38,13 @@ constexpr const char* kDeviceHint =
     "Pass a CUDA device: an int ordinal, 'cuda:N', torch.device('cuda', N), or a CUDA "
     "tensor's .device.";
 
+// Integers enter error messages through std::to_string, never through c10::str's
+// ostream: on the GPU host (torch 2.11+cu130, GCC 13) an ostream<<long compiled into
+// this extension crashed (see the closing note of issue 2).
 int check_ordinal(int64_t ordinal) {
   const int count = visible_device_count();
-  TORCH_CHECK_VALUE(ordinal >= 0 && ordinal < count, "torch_cudnn_handle: cuda:", ordinal,
-                    " does not exist: this process sees ", count, " CUDA device(s)",
+  TORCH_CHECK_VALUE(ordinal >= 0 && ordinal < count, "torch_cudnn_handle: cuda:", std::to_string(ordinal),
+                    " does not exist: this process sees ", std::to_string(count), " CUDA device(s)",
                     count ? " (ordinals 0.." + std::to_string(count - 1) + ")" : std::string(),
                     ". ", kDeviceHint);
   return static_cast<int>(ordinal);
@@ -113,13 +116,14 @@ ParsedStream parse_stream(py::handle stream, int device) {
   }
   if (py::isinstance<py::int_>(stream) && !py::isinstance<py::bool_>(stream)) {
     const auto raw = stream.cast<int64_t>();
-    TORCH_CHECK_VALUE(raw >= 0, "torch_cudnn_handle: ", raw, " is not a CUDA stream handle. ", kStreamHint);
+    TORCH_CHECK_VALUE(raw >= 0, "torch_cudnn_handle: ", std::to_string(raw), " is not a CUDA stream handle. ", kStreamHint);
     return {reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(raw)), false};
   }
   if (py::hasattr(stream, "cuda_stream") && py::hasattr(stream, "device_index")) {
     const auto stream_device = stream.attr("device_index").cast<int64_t>();
-    TORCH_CHECK_VALUE(stream_device == device, "torch_cudnn_handle: the stream is on cuda:", stream_device,
-                      " but the handle is for cuda:", device, ". Use a stream of cuda:", device, ".");
+    TORCH_CHECK_VALUE(stream_device == device, "torch_cudnn_handle: the stream is on cuda:", std::to_string(stream_device),
+                      " but the handle is for cuda:", std::to_string(device), ". Use a stream of cuda:",
+                      std::to_string(device), ".");
     return {reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.attr("cuda_stream").cast<int64_t>())), true};
   }
   TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a stream, got ",

@@ -41,19 +41,19 @@ void refuse_creation_during_capture(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   TORCH_CHECK(status == cudaStreamCaptureStatusNone,
-              "torch_cudnn_handle: this thread has no cuDNN handle for cuda:", device,
+              "torch_cudnn_handle: this thread has no cuDNN handle for cuda:", std::to_string(device),
               " yet, and its stream is capturing a CUDA graph. Creating a handle allocates and "
               "synchronizes, which a capture cannot record. Warm up before capture: run the op "
-              "(or call torch_cudnn_handle.current_handle(", device,
+              "(or call torch_cudnn_handle.current_handle(", std::to_string(device),
               ")) once on this thread, outside the capture.");
 }
 
 void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream, bool stream_is_on_device) {
   const int stream_device = stream_is_on_device ? handle->device : context::device_of_stream(stream);
   TORCH_CHECK_VALUE(stream_device < 0 || stream_device == handle->device,
-                    "torch_cudnn_handle: the stream is on cuda:", stream_device,
-                    " but the work is for cuda:", handle->device,
-                    "; pass a stream of the same device (torch.cuda.current_stream(", handle->device,
+                    "torch_cudnn_handle: the stream is on cuda:", std::to_string(stream_device),
+                    " but the work is for cuda:", std::to_string(handle->device),
+                    "; pass a stream of the same device (torch.cuda.current_stream(", std::to_string(handle->device),
                     ")) or move the tensors.");
   CUcontext stream_context = context::context_of_stream(stream);
   backend::check_cudnn(backend::cudnn_library().set_stream(handle->backend_handle, stream),
