@@ -22,7 +22,20 @@ CUDA_ONLY = {
     "csrc/context/context_guard.cpp",
     "csrc/pool/cudnn_handle_pool.cpp",
     "csrc/op/execute_kernel.cpp",
+    "csrc/op/native_plan.cpp",
 }
+
+
+def cudnn_include_dirs():
+    """cudnn.h for the CUDA build: $CUDNN_INCLUDE_DIR, else the nvidia-cudnn wheel torch uses."""
+    if os.environ.get("CUDNN_INCLUDE_DIR"):
+        return [os.environ["CUDNN_INCLUDE_DIR"]]
+    try:
+        import nvidia.cudnn
+
+        return [os.path.join(path, "include") for path in nvidia.cudnn.__path__ if os.path.exists(os.path.join(path, "include", "cudnn.h"))]
+    except ImportError:
+        return []
 
 sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "**", "*.cpp"), recursive=True))
 if not WITH_CUDA:
@@ -31,10 +44,14 @@ if not WITH_CUDA:
 extension_kwargs = dict(
     name="torch_cudnn_handle._C",
     sources=sources,
-    include_dirs=[os.path.join(HERE, "csrc")],
+    include_dirs=[os.path.join(HERE, "csrc")] + (cudnn_include_dirs() if WITH_CUDA else []),
     extra_compile_args={"cxx": ["-O3"]},
     define_macros=[("TORCH_CUDNN_HANDLE_WITH_CUDA", None)] if WITH_CUDA else [],
     libraries=["dl"],
+    # Link the C++ runtime dynamically, before anything can pull in libstdc++.a: a static
+    # copy inside the extension has its own locale state, and on the GPU host (GCC 13)
+    # its ostream<<long crashed once torch's libstdc++.so had set up the locale.
+    extra_link_args=["-lstdc++"],
     py_limited_api=False,
 )
 extension = CUDAExtension(**extension_kwargs) if WITH_CUDA else CppExtension(**extension_kwargs)

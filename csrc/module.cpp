@@ -6,10 +6,12 @@
 // cost several.
 #include <torch/extension.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
 
 #include <optional>
 #include <string>
 
+#include "op/python_kernels.h"
 #include "pool/pool_seam.h"
 
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
@@ -18,6 +20,7 @@
 
 #include "backend/cudnn_library.h"
 #include "context/context_guard.h"
+#include "op/native_plan.h"
 #include "pool/cudnn_handle_pool.h"
 #endif
 
@@ -156,6 +159,19 @@ py::object current_handle(py::handle device_arg, py::handle stream_arg) {
   return python_handle_of(handle);
 }
 
+// [(shape, stride, dtype), ...] from the Python registry.
+std::vector<OperandLayout> layouts_of(const py::sequence& specs) {
+  std::vector<OperandLayout> layouts;
+  for (const auto& spec : specs) {
+    auto fields = spec.cast<py::sequence>();
+    py::handle dtype = fields[2];
+    TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "torch_cudnn_handle: a layout's dtype must be a torch.dtype");
+    layouts.push_back({fields[0].cast<std::vector<int64_t>>(), fields[1].cast<std::vector<int64_t>>(),
+                       reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type});
+  }
+  return layouts;
+}
+
 py::dict pool_stats() {
   py::dict devices;
   for (const auto& [device, counts] : pool_counts()) {
@@ -201,6 +217,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_seam_set_create_delay_us", &seam::set_create_delay_us);
   m.def("_seam_max_concurrent_creates", &seam::max_concurrent_creates);
 
+  m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"));
+
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
   py::class_<PooledCudnnHandle, std::unique_ptr<PooledCudnnHandle, py::nodelete>>(
       m, "PooledHandleState",
@@ -244,6 +262,22 @@ and any request in a child forked after handles existed.)doc");
       "driver themselves.");
   m.def("current_context_device", &context::current_context_device,
         "The device of the CUDA context current on this thread, or -1 when none is.");
+  m.def(
+      "native_register",
+      [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
+         const py::bytes& plan_json) {
+        auto plan = std::make_shared<const NativePlan>(device, std::string(plan_json), std::move(uids),
+                                                       layouts_of(inputs), layouts_of(outputs));
+        const int64_t workspace = plan->workspace_size();
+        NativePlanTable::instance().add(graph, std::move(plan));
+        return workspace;
+      },
+      "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for "
+      "exactly these input layouts; returns its workspace size.");
+  m.def("native_forget", [](int64_t graph, int device, const py::sequence& inputs) {
+    return NativePlanTable::instance().remove(graph, device, layouts_of(inputs));
+  });
+  m.def("native_plan_count", [] { return NativePlanTable::instance().size(); });
   m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });
   m.def("cudnn_backend_version", [] { return backend::cudnn_library().version(); });
 #endif

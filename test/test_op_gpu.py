@@ -114,10 +114,11 @@ def test_reduce_overhead_matches_eager():
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     torch._dynamo.reset()
     for step in range(5):  # warm-up runs, then capture, then replays
+        torch.compiler.cudagraph_mark_step_begin()
         x = linear_inputs(2, 32, 64, 16, seed=step)[0].requires_grad_()
         y = compiled(x)
+        torch.testing.assert_close(y, model(x), **TOLERANCE)  # before the next replay overwrites y
         y.float().sum().backward()
-        torch.testing.assert_close(y, model(x), **TOLERANCE)
         torch.testing.assert_close(x.grad.float(), reference_grads([x, model.w, model.b])[0], **TOLERANCE)
 
 
@@ -271,3 +272,27 @@ def test_the_cache_is_bounded_and_counts_evictions():
         assert after["evictions"] >= before["evictions"] + 2 and after["cached"] <= before["cached"] + 1
     finally:
         tch.set_cache_capacity(old_capacity)
+
+
+def test_backend_plans_run_natively_and_match_the_python_path():
+    inputs = linear_inputs(2, 64, 32, 16, seed=7)
+    native_id = tch.register_graph(linear_relu, name="native_linear")
+    python_id = tch.register_graph(linear_relu, name="python_path_linear")
+    (native,) = execute(inputs, graph=native_id)
+    tch.set_native_path(False)
+    try:
+        (python_path,) = execute(inputs, graph=python_id)
+    finally:
+        tch.set_native_path(tch._C.with_cuda)
+    assert [b.native for b in tch.built_graphs(native_id)] == [True], tch.built_graphs(native_id)[0].path_reason
+    assert [b.native for b in tch.built_graphs(python_id)] == [False]
+    assert tch.registry_stats()["native"] >= 1
+    # One plan, two ways to launch it: bit for bit the same.
+    torch.testing.assert_close(native, python_path, atol=0, rtol=0)
+    torch.testing.assert_close(native, linear_relu_reference(*inputs), **TOLERANCE)
+    # The native kernel checks out= itself; a wrong one still gets the Python path's clear error.
+    with pytest.raises(ValueError, match=r"out\[0\]"):
+        torch.ops.cudnn_fe.execute.out(native_id, inputs, out=[torch.empty(2, 64, 8, dtype=torch.float16, device="cuda")])
+    out = torch.empty_like(native)
+    torch.ops.cudnn_fe.execute.out(native_id, inputs, out=[out])
+    torch.testing.assert_close(out, native, atol=0, rtol=0)

@@ -17,8 +17,18 @@ from .pool import PooledHandle, bind_context, current_handle, pool_stats, with_c
 __all__ = ["PooledHandle", "bind_context", "current_handle", "pool_stats", "with_cuda"]
 
 from .build_scope import build_scope
-from .registry import register_built_graph, register_graph, registry_stats, set_cache_capacity
+from .registry import built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_native_path
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
 from .op import execute, execute_out
 
-__all__ += ["build_scope", "register_graph", "register_built_graph", "registry_stats", "set_cache_capacity", "execute", "execute_out"]
+__all__ += [
+    "build_scope",
+    "register_graph",
+    "register_built_graph",
+    "registry_stats",
+    "set_cache_capacity",
+    "set_native_path",
+    "built_graphs",
+    "execute",
+    "execute_out",
+]

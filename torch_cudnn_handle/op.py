@@ -1,17 +1,20 @@
-"""Kernels of ``torch.ops.cudnn_fe.execute`` and ``execute.out`` (schemas: csrc/op).
+"""The Python side of ``torch.ops.cudnn_fe.execute`` and ``execute.out`` (csrc/op).
 
-* CUDA kernel: the inputs' device picks the built graph (registry.py) and the pooled
-  handle (``current_handle``: torch's current stream there, the right context bound);
-  outputs and workspace come from torch's caching allocator on that stream, and the
-  frontend's ordered execute runs the graph. Nothing here synchronizes or allocates
-  outside torch, so the call is capturable into a CUDA graph once it is warm.
+* CUDA: the C++ kernel (csrc/op/execute_kernel.cpp) runs a call a native plan serves
+  with no Python at all. Every other call comes here (``_execute_cuda``): the inputs'
+  device picks the built graph (registry.py, which builds it on first use and hands
+  backend plans to the native path) and the pooled handle (``current_handle``: torch's
+  current stream there, the right context bound); outputs and workspace come from
+  torch's caching allocator on that stream, and the frontend's ordered execute runs
+  the graph. Nothing here synchronizes or allocates outside torch, so a warm call is
+  capturable into a CUDA graph.
 * CPU kernel: refuses, clearly (cuDNN graphs run on CUDA tensors).
 * Fake kernel: output shapes, strides and dtypes from the graph's layout (the
   builder run on a description, never built), so torch.compile traces the op without
   a GPU and without graph breaks.
-* Autograd: the backward graph paired at registration runs through the same op, on
-  whichever thread autograd uses (its worker threads start with no CUDA context; the
-  pool binds one).
+* Autograd: the C++ Autograd kernel (csrc/op/execute_autograd.cpp) records the node;
+  its backward calls ``_backward`` here, on whichever thread autograd uses (its worker
+  threads start with no CUDA context; the pool binds one).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import List, Sequence
 
 import torch
 
+from . import _C
 from . import registry as _registry_module
 from .pool import current_handle
 from .registry import TensorSpec
@@ -114,17 +118,9 @@ def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch
     return None
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    graph, tensors = inputs
-    ctx.graph = graph
-    ctx.num_inputs = len(tensors)
-    ctx.save_for_backward(*tensors, *output)
-
-
-def _backward(ctx, grad_outputs):
-    saved = ctx.saved_tensors
-    inputs, outputs = list(saved[: ctx.num_inputs]), list(saved[ctx.num_inputs :])
-    forward = _registry.differentiable(ctx.graph)
+def _backward(graph: int, grad_outputs, inputs, outputs):
+    """Gradients of one ``execute(graph, inputs)`` call: one per input, None for none."""
+    forward = _registry.differentiable(graph)
     # A graph is built for exact strides; autograd hands over whatever it has (an
     # expanded scalar has stride 0), so give the backward dense gradients.
     grads = [torch.zeros_like(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
@@ -134,7 +130,7 @@ def _backward(ctx, grad_outputs):
         grad_inputs = _run_backward_graph(forward, grads, inputs, outputs)
     if len(grad_inputs) != len(inputs):
         raise ValueError(f"the backward of graph {forward.name!r} returned {len(grad_inputs)} gradients for {len(inputs)} inputs")
-    return None, grad_inputs
+    return grad_inputs
 
 
 def _run_backward_graph(forward, grads, inputs, outputs):
@@ -151,14 +147,12 @@ def _run_backward_graph(forward, grads, inputs, outputs):
     return grad_inputs
 
 
+_C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward)
 _lib = torch.library.Library("cudnn_fe", "IMPL")
-_lib.impl("execute", _execute_cuda, "CUDA")
-_lib.impl("execute.out", _execute_out_cuda, "CUDA")
 _lib.impl("execute", _refuse_cpu, "CPU")
 _lib.impl("execute.out", _refuse_cpu, "CPU")
 torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
-torch.library.register_autograd("cudnn_fe::execute", _backward, setup_context=_setup_context, lib=_lib)
 
 execute = torch.ops.cudnn_fe.execute.default
 execute_out = torch.ops.cudnn_fe.execute.out

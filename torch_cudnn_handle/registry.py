@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import inspect
 import itertools
+import os
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -32,7 +33,9 @@ import cudnn
 import torch
 from cudnn.datatypes import torch_to_cudnn_data_type
 
+from . import _C
 from .build_scope import build_scope
+from .native import backend_plan_of
 
 __all__ = [
     "TensorSpec",
@@ -43,6 +46,8 @@ __all__ = [
     "graph_name",
     "registry_stats",
     "set_cache_capacity",
+    "set_native_path",
+    "built_graphs",
 ]
 
 # The dtypes a graph's tensors may have, and their cudnn.data_type (the frontend's own table).
@@ -60,7 +65,9 @@ class TensorSpec:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> "TensorSpec":
-        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        # int() specializes a symbolic size under torch.compile(dynamic=True): a cuDNN
+        # graph is built for exact shapes and strides, so that is the truth.
+        return cls(tuple(int(n) for n in tensor.shape), tuple(int(n) for n in tensor.stride()), tensor.dtype)
 
     def describe(self) -> str:
         return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}"
@@ -86,6 +93,8 @@ class BuiltGraph:
     layout: GraphLayout
     uids: Tuple[int, ...]  # operand uids, inputs then outputs: the op's buffer order
     workspace_size: int
+    native: bool = False  # cudnn_fe.execute runs it from C++ (native.py)
+    path_reason: str = ""  # why it runs where it runs
 
 
 @dataclasses.dataclass
@@ -162,12 +171,24 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
     return graph, inputs, outputs, layout
 
 
-def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...]) -> BuiltGraph:
+def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool) -> BuiltGraph:
     with build_scope(device) as handle:
         graph, inputs, outputs, layout = _describe(definition, specs, handle)
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         workspace = int(graph.get_workspace_size())
-    return BuiltGraph(graph, device, specs, layout, tuple(t.uid for t in inputs + outputs), workspace)
+        uids = tuple(t.uid for t in inputs + outputs)
+        native, reason = False, "native path disabled"
+        if native_enabled:
+            plan_json, reason = backend_plan_of(graph, uids)
+            if plan_json is not None:
+                # Deserialized here, inside the build scope, with this thread's handle for the device.
+                _C.native_register(definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids), plan_json.encode("utf-8"))
+                native, reason = True, "backend plan, run from C++"
+    return BuiltGraph(graph, device, specs, layout, uids, workspace, native, reason)
+
+
+def _layouts(specs: Sequence[TensorSpec]) -> list:
+    return [(list(s.shape), list(s.stride), s.dtype) for s in specs]
 
 
 # ---------------------------------------------------------------------------------
@@ -194,6 +215,9 @@ class GraphRegistry:
         self._layouts: "collections.OrderedDict[tuple, GraphLayout]" = collections.OrderedDict()
         self.capacity = capacity
         self.layout_capacity = layout_capacity
+        # Backend plans run from C++ on CUDA builds; TORCH_CUDNN_HANDLE_NATIVE=0 (or
+        # set_native_path(False)) keeps every later build on the Python path.
+        self.native_enabled = _C.with_cuda and os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") != "0"
         self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
 
     # -- definitions -------------------------------------------------------------
@@ -324,7 +348,7 @@ class GraphRegistry:
                     f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
                     "which a build cannot be part of. Warm up before capture: run the same call once outside it."
                 )
-            built = _build(definition, device, specs)
+            built = _build(definition, device, specs, self.native_enabled)
         except BaseException as error:
             flight.error = error
             with self._lock:
@@ -335,8 +359,10 @@ class GraphRegistry:
             self.counters["builds"] += 1
             self._built[key] = built
             while len(self._built) > self.capacity:
-                self._built.popitem(last=False)
+                (graph_id, evicted_device, _), evicted = self._built.popitem(last=False)
                 self.counters["evictions"] += 1
+                if evicted.native:
+                    _C.native_forget(graph_id, evicted_device, _layouts(evicted.inputs))
             del self._in_flight[key]
         flight.result = built
         flight.done.set()
@@ -344,7 +370,15 @@ class GraphRegistry:
 
     def stats(self) -> dict:
         with self._lock:
-            return dict(self.counters, cached=len(self._built), capacity=self.capacity, definitions=len(self._definitions))
+            native = sum(1 for built in self._built.values() if built.native)
+            return dict(
+                self.counters,
+                cached=len(self._built),
+                native=native,
+                python_path=len(self._built) - native,
+                capacity=self.capacity,
+                definitions=len(self._definitions),
+            )
 
 
 def _capturing(device: int) -> bool:
@@ -451,8 +485,21 @@ def graph_name(graph_id: int) -> str:
 
 
 def registry_stats() -> dict:
-    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity."""
+    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity,
+    and how many cached graphs run natively (from C++) or on the Python path."""
     return _registry.stats()
+
+
+def set_native_path(enabled: bool) -> None:
+    """Whether graphs built from now on may run natively (from C++). Graphs already
+    built keep their path. Off by default on builds without CUDA."""
+    _registry.native_enabled = bool(enabled) and _C.with_cuda
+
+
+def built_graphs(graph_id: int) -> list:
+    """The cached BuiltGraph objects of ``graph_id`` (one per device and input layout)."""
+    with _registry._lock:
+        return [built for (gid, _, _), built in _registry._built.items() if gid == graph_id]
 
 
 def set_cache_capacity(capacity: int) -> None:

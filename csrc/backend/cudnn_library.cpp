@@ -69,6 +69,12 @@ CudnnLibrary load() {
   bind(handle, lib.path, "cudnnSetStream", lib.set_stream);
   bind(handle, lib.path, "cudnnGetErrorString", lib.error_string);
   bind(handle, lib.path, "cudnnGetVersion", lib.version);
+  bind(handle, lib.path, "cudnnBackendCreateDescriptor", lib.create_descriptor);
+  bind(handle, lib.path, "cudnnBackendDestroyDescriptor", lib.destroy_descriptor);
+  bind(handle, lib.path, "cudnnBackendSetAttribute", lib.set_attribute);
+  bind(handle, lib.path, "cudnnBackendGetAttribute", lib.get_attribute);
+  bind(handle, lib.path, "cudnnBackendFinalize", lib.finalize);
+  bind(handle, lib.path, "cudnnBackendExecute", lib.execute);
   return lib;
 }
 
@@ -79,8 +85,8 @@ const CudnnLibrary& cudnn_library() {
   return lib;
 }
 
-void check_cudnn(CudnnStatus status, const char* what) {
-  if (status != 0) {
+void check_cudnn(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
     throw std::runtime_error(std::string("torch_cudnn_handle: ") + what + " failed: " +
                              cudnn_library().error_string(status));
   }

@@ -16,7 +16,7 @@ PooledCudnnHandle* create_pooled_handle(int device) {
   // cudnnCreate binds the handle to the current device; the guard (c10's, which
   // also makes the device's primary context current) puts us there and back.
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
-  backend::CudnnHandle raw = nullptr;
+  cudnnHandle_t raw = nullptr;
   backend::check_cudnn(backend::cudnn_library().create(&raw), "cudnnCreate");
   auto* handle = new PooledCudnnHandle();  // owned by the pool, never freed
   handle->backend_handle = raw;

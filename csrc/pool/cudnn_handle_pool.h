@@ -20,7 +20,7 @@ namespace torch_cudnn_handle {
 // plain fields, so they need no lock. The counter is read by pool_stats() from any
 // thread, hence atomic.
 struct PooledCudnnHandle {
-  backend::CudnnHandle backend_handle = nullptr;
+  cudnnHandle_t backend_handle = nullptr;
   int device = -1;
   // The stream cuDNN has for this handle (cudnnCreate leaves it on the null stream),
   // and that stream's context, looked up once per stream change. The single source

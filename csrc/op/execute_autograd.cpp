@@ -1,0 +1,61 @@
+// The Autograd kernel of cudnn_fe.execute, in C++ so that a call with no gradient to
+// track costs a branch, not a trip through Python. With one, it records a node whose
+// backward runs the graph's registered backward (Python: builders and backward
+// functions are user code), on whichever thread autograd runs it; the pool gives that
+// thread its own handle and binds the context it lacks.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "op/python_kernels.h"
+
+namespace torch_cudnn_handle {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::vector<at::Tensor> execute_below_autograd(int64_t graph, at::TensorList inputs) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cudnn_fe::execute", "")
+                             .typed<std::vector<at::Tensor>(int64_t, at::TensorList)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(graph, inputs);
+}
+
+class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, int64_t graph, at::TensorList inputs) {
+    variable_list outputs = execute_below_autograd(graph, inputs);
+    ctx->saved_data["graph"] = graph;
+    ctx->saved_data["num_inputs"] = static_cast<int64_t>(inputs.size());
+    variable_list saved(inputs.begin(), inputs.end());
+    saved.insert(saved.end(), outputs.begin(), outputs.end());
+    ctx->save_for_backward(saved);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto num_inputs = ctx->saved_data["num_inputs"].toInt();
+    const at::TensorList all(saved);
+    auto grads = python_kernels::backward(ctx->saved_data["graph"].toInt(), grad_outputs, all.slice(0, num_inputs),
+                                          all.slice(num_inputs));
+    TORCH_CHECK(static_cast<int64_t>(grads.size()) == num_inputs, "torch_cudnn_handle: the backward returned ",
+                std::to_string(grads.size()), " gradients for ", std::to_string(num_inputs), " inputs");
+    variable_list result{at::Tensor()};  // the graph id has no gradient
+    result.insert(result.end(), grads.begin(), grads.end());
+    return result;
+  }
+};
+
+std::vector<at::Tensor> execute_autograd(int64_t graph, at::TensorList inputs) {
+  return ExecuteFunction::apply(graph, inputs);
+}
+
+}  // namespace
+}  // namespace torch_cudnn_handle
+
+TORCH_LIBRARY_IMPL(cudnn_fe, Autograd, m) {
+  m.impl("execute", &torch_cudnn_handle::execute_autograd);
+}
