@@ -70,6 +70,7 @@ def bench_size(batch, m, k, n, calls, rows):
             "(a) frontend ordered execute, preset handle": lambda: graph.execute([a, b, c], workspace, handle=preset, tensor_uids=uids),
             "(b) @custom_op + current_stream() + set_stream": lambda: peer_op(a, b),
             "cudnn_fe.execute (functional)": lambda: execute(MATMUL, [a, b]),
+            "tch.execute (eager entry, functional)": lambda: tch.execute(MATMUL, [a, b]),
             "cudnn_fe.execute.out": lambda: execute_out(MATMUL, [a, b], out=[c]),
             "cudnn_fe.execute, Python path (functional)": lambda: execute(MATMUL_PYTHON_PATH, [a, b]),
             "torch.bmm": lambda: torch.bmm(a, b),
@@ -80,10 +81,12 @@ def bench_size(batch, m, k, n, calls, rows):
     torch.testing.assert_close(static_out[0], torch.bmm(a, b), atol=5e-2, rtol=5e-2)
     # Goals: issue 3 (<= 1.2x (a), <= 0.6x (b)) and issue 5 (native: <= 0.5x (a), <= 1.0x torch.bmm).
     rows += report(f"{size}: against (a)", figures, "(a) frontend ordered execute, preset handle",
-                   {"cudnn_fe.execute (functional)": 0.5, "cudnn_fe.execute.out": 0.5, "cudnn_fe.execute, Python path (functional)": 1.2})
+                   {"cudnn_fe.execute (functional)": 0.5, "tch.execute (eager entry, functional)": 0.5, "cudnn_fe.execute.out": 0.5,
+                    "cudnn_fe.execute, Python path (functional)": 1.2})
     rows += report(f"{size}: against (b)", figures, "(b) @custom_op + current_stream() + set_stream",
                    {"cudnn_fe.execute (functional)": 0.6, "cudnn_fe.execute.out": 0.6, "cudnn_fe.execute, Python path (functional)": 0.6})
-    rows += report(f"{size}: against torch.bmm", figures, "torch.bmm", {"cudnn_fe.execute (functional)": 1.0, "cudnn_fe.execute.out": 1.0})
+    rows += report(f"{size}: against torch.bmm", figures, "torch.bmm",
+                   {"cudnn_fe.execute (functional)": 1.0, "tch.execute (eager entry, functional)": 1.0, "cudnn_fe.execute.out": 1.0})
     cudnn.destroy_handle(preset)
 
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "op/execute_op.h"
 #include "op/python_kernels.h"
 #include "pool/pool_seam.h"
 
@@ -218,6 +219,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_seam_max_concurrent_creates", &seam::max_concurrent_creates);
 
   m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"));
+  // The eager entry points: straight into the dispatcher (autograd, the CUDA kernel)
+  // without torch.ops' generic argument parsing. Same op, same semantics.
+  m.def(
+      "execute", [](int64_t graph, std::vector<at::Tensor> inputs) { return execute_op().call(graph, inputs); },
+      py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "execute_out",
+      [](int64_t graph, std::vector<at::Tensor> inputs, std::vector<at::Tensor> out) {
+        execute_out_op().call(graph, inputs, out);
+      },
+      py::arg("graph"), py::arg("inputs"), py::kw_only(), py::arg("out"), py::call_guard<py::gil_scoped_release>());
 
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
   py::class_<PooledCudnnHandle, std::unique_ptr<PooledCudnnHandle, py::nodelete>>(

@@ -154,5 +154,19 @@ _lib.impl("execute.out", _refuse_cpu, "CPU")
 torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
 
-execute = torch.ops.cudnn_fe.execute.default
-execute_out = torch.ops.cudnn_fe.execute.out
+def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """``torch.ops.cudnn_fe.execute(graph, inputs)``, with a cheaper eager entry.
+
+    Eagerly it enters the dispatcher from C++ (autograd, then the CUDA kernel) without
+    torch.ops' generic argument parsing; under torch.compile it is the op itself, so
+    tracing sees ``cudnn_fe.execute`` either way."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cudnn_fe.execute.default(graph, inputs)
+    return _C.execute(graph, inputs)
+
+
+def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
+    """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)
+    _C.execute_out(graph, inputs, out=out)

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "op/execute_op.h"
 #include "op/python_kernels.h"
 
 namespace torch_cudnn_handle {
@@ -16,11 +17,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 std::vector<at::Tensor> execute_below_autograd(int64_t graph, at::TensorList inputs) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("cudnn_fe::execute", "")
-                             .typed<std::vector<at::Tensor>(int64_t, at::TensorList)>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(graph, inputs);
+  return execute_op().call(graph, inputs);
 }
 
 class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
@@ -50,6 +48,11 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
 };
 
 std::vector<at::Tensor> execute_autograd(int64_t graph, at::TensorList inputs) {
+  bool needs_graph = false;
+  if (at::GradMode::is_enabled()) {
+    for (const auto& t : inputs) needs_graph = needs_graph || t.requires_grad();
+  }
+  if (!needs_graph) return execute_below_autograd(graph, inputs);  // no node to record
   return ExecuteFunction::apply(graph, inputs);
 }
 
