@@ -21,6 +21,7 @@ reference). Every method is thread-safe.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import inspect
@@ -435,6 +436,18 @@ def _check_built_graph_inputs(definition: _Definition, device: int, inputs: Sequ
 
 
 _registry = GraphRegistry()
+
+
+@atexit.register
+def _drop_built_graphs() -> None:
+    """Release the cached graphs while CUDA is still up (atexit runs before interpreter
+    teardown), instead of leaving them to the frontend's bindings to report as leaked.
+    Native plans are left to the process's end, like the pool's handles."""
+    with _registry._lock:
+        _registry._built.clear()
+        _registry._layouts.clear()
+        for definition in _registry._definitions.values():
+            definition.built = None
 
 
 def register_graph(

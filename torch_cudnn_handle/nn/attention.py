@@ -1,0 +1,129 @@
+"""Attention: the frontend's sdpa node forward, its sdpa_backward node backward.
+
+The graphs are the frontend's own torch op's (``cudnn.sdpa.fwd.torch_op``, dense
+BHSD path) with the options this module needs: ``attn_scale = 1/sqrt(D)`` (torch's
+default), causal masking as a diagonal band with right bound 0 anchored TOP_LEFT
+(``is_causal`` of ``F.scaled_dot_product_attention``), no padding, no dropout.
+
+* forward (training): ``generate_stats=True`` writes the softmax statistics
+  (``Stats``, ``[B, H, S_q, 1]`` float32, the row log-sum-exp) next to ``O``; the
+  backward consumes them instead of recomputing the softmax normalizer;
+* backward: one graph, ``dQ, dK, dV`` from ``Q, K, V, O, dO, Stats``.
+
+Layouts, as there: ``O`` adopts ``Q``'s dimension order and ``dQ/dK/dV`` those of
+``Q/K/V``, so a BSHD-strided ``[B, H, S, D]`` view (what a projection's
+``[B, S, H*D]`` output transposed gives) comes back BSHD-strided and folds back
+into ``[B, S, H*D]`` without a copy; ``dO`` is given ``O``'s strides (the frontend
+op does the same; autograd hands over a contiguous one).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import cudnn
+
+from ..registry import register_graph
+from ._layout import declare, like_layout, row_major
+from .linear import FusedLinear
+
+__all__ = ["sdpa", "Attention", "SDPA_GRAPHS"]
+
+
+def _mask(causal: bool) -> dict:
+    return dict(
+        diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
+        diagonal_band_right_bound=0 if causal else None,  # None: no band (a None kwarg is not passed on)
+    )
+
+
+def _scale(q) -> float:
+    return float(q.dim[-1]) ** -0.5
+
+
+def sdpa_forward(graph, q, k, v, *, causal: bool):
+    """``O = softmax(Q K^T / sqrt(D) [causal]) V`` and the softmax ``Stats``."""
+    b, h, s_q, _ = q.dim
+    o, stats = graph.sdpa(
+        name="sdpa", q=q, k=k, v=v, generate_stats=True, attn_scale=_scale(q), use_padding_mask=False, **_mask(causal)
+    )
+    o_dim = [b, h, s_q, v.dim[3]]
+    stats_dim = [b, h, s_q, 1]
+    return [
+        declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type),
+        declare(stats, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT),
+    ]
+
+
+def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
+    """``dQ, dK, dV``."""
+    dq, dk, dv = graph.sdpa_backward(
+        name="sdpa_backward",
+        q=q,
+        k=k,
+        v=v,
+        o=o,
+        dO=d_o,
+        stats=stats,
+        attn_scale=_scale(q),
+        use_padding_mask=False,
+        use_deterministic_algorithm=False,
+        **_mask(causal),
+    )
+    return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))]
+
+
+def _backward_operands(grads, inputs, outputs):
+    q, k, v = inputs
+    o, stats = outputs
+    d_o = grads[0]
+    if d_o.stride() != o.stride():
+        d_o = torch.empty_strided(o.shape, o.stride(), dtype=d_o.dtype, device=d_o.device).copy_(d_o)
+    return [q, k, v, o, d_o, stats]
+
+
+SDPA_GRAPHS = {
+    causal: register_graph(
+        sdpa_forward,
+        name=f"nn_sdpa_{'causal' if causal else 'full'}",
+        backward=sdpa_backward,
+        backward_operands=_backward_operands,
+        causal=causal,
+    )
+    for causal in (False, True)
+}
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal)`` on cuDNN.
+
+    ``q, k, v``: ``[B, H, S, D]`` fp16 or bf16 (any dimension order in memory, the
+    head dimension innermost), ``D`` a multiple of 8; scale ``1/sqrt(D)``.
+    Differentiable (the backward is the sdpa_backward graph).
+    """
+    return torch.ops.cudnn_fe.execute(SDPA_GRAPHS[bool(causal)], [q, k, v])[0]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: q/k/v/out projections (``FusedLinear``, no
+    activation) around ``sdpa``. ``x``: ``[B, S, dim]``; ``dim = heads * head_dim``."""
+
+    def __init__(self, dim: int, heads: int, causal: bool = True, *, device=None, dtype=None):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"Attention: dim {dim} is not a multiple of heads {heads}")
+        self.dim, self.heads, self.causal = dim, heads, causal
+        self.q, self.k, self.v, self.out = (FusedLinear(dim, dim, activation=None, device=device, dtype=dtype) for _ in range(4))
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, self.heads, self.dim // self.heads).transpose(1, 2)  # [B, H, S, D], BSHD in memory
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        o = sdpa(self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x)), self.causal)
+        return self.out(o.transpose(1, 2).reshape(b, s, self.dim))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

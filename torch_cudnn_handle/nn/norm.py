@@ -1,0 +1,89 @@
+"""``RMSNorm``: the frontend's rmsnorm node forward, its rmsnorm_backward node backward.
+
+Both graphs follow the frontend's own torch op (``cudnn.ops.norm.rmsnorm``): rows
+are laid out as the canonical 4-D ``[rows, hidden, 1, 1]``, the scale as
+``[1, hidden, 1, 1]`` of the input's dtype, the forward runs in the TRAINING phase
+and also writes ``inv_var`` (``[rows, 1, 1, 1]`` float32, 1/rms per row), which the
+backward node reads instead of recomputing it. The backward is *one* graph
+(``backward=``): ``dX`` and ``dScale`` from ``dY``, ``X``, the scale and ``inv_var``.
+
+One difference: the frontend op binds epsilon as a host pass-by-value tensor on
+every call; an op input here is a CUDA tensor, so epsilon is a graph-owned scalar
+(``tensor_scalar``, a runtime parameter, as the frontend's swiglu op binds its
+constants). It is part of the graph's definition: one id per distinct ``eps``,
+registered when the first module with that ``eps`` is constructed. The default,
+1e-5, is also what the frontend's python norm engines (sm_100) assume when they
+find no bound epsilon buffer, so the default means the same on every engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict
+
+import cudnn
+import torch
+from torch import nn
+
+from ..registry import register_graph
+from ._layout import declare, row_major
+
+__all__ = ["RMSNorm", "rmsnorm_graph"]
+
+
+def rmsnorm_forward(graph, x, scale, *, eps: float):
+    """``y = x * rsqrt(mean(x^2) + eps) * scale`` per row, and ``inv_var`` (1/rms)."""
+    epsilon = graph.tensor_scalar(float(eps), cudnn.scalar_type.RUNTIME_PARAM, name="epsilon")
+    y, inv_var = graph.rmsnorm(
+        name="rmsnorm", norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=x, scale=scale, epsilon=epsilon
+    )
+    stats = [x.dim[0], 1, 1, 1]
+    return [declare(y, x.dim, row_major(x.dim), x.data_type), declare(inv_var, stats, row_major(stats), cudnn.data_type.FLOAT)]
+
+
+def rmsnorm_backward(graph, dy, x, scale, inv_var, *, eps: float):  # noqa: ARG001 -- eps is the forward's
+    """``dX`` and ``dScale`` (no bias, so no ``dBias``)."""
+    dx, dscale, _dbias = graph.rmsnorm_backward(name="rmsnorm_bwd", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=False)
+    return [declare(dx, x.dim, row_major(x.dim), x.data_type), declare(dscale, scale.dim, row_major(scale.dim), scale.data_type)]
+
+
+def _backward_operands(grads, inputs, outputs):
+    return [grads[0], inputs[0], inputs[1], outputs[1]]  # dY, X, scale, inv_var
+
+
+_graphs: Dict[float, int] = {}
+_lock = threading.Lock()
+
+
+def rmsnorm_graph(eps: float) -> int:
+    """The registered rmsnorm graph for ``eps`` (registered once per value)."""
+    eps = float(eps)
+    with _lock:
+        graph_id = _graphs.get(eps)
+        if graph_id is None:
+            graph_id = _graphs[eps] = register_graph(
+                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_backward_operands, eps=eps
+            )
+        return graph_id
+
+
+class RMSNorm(nn.Module):
+    """RMS normalization over the last dimension with a learned scale (``weight``).
+
+    ``y = x / sqrt(mean(x^2, -1) + eps) * weight``, computed in float32 and
+    rounded once to ``x``'s dtype (fp16 or bf16, the parameters' dtype too).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, *, device=None, dtype=None):
+        super().__init__()
+        self.dim, self.eps = dim, float(eps)
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self._graph = rmsnorm_graph(self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.dim, 1, 1)
+        y = torch.ops.cudnn_fe.execute(self._graph, [rows, self.weight.view(1, self.dim, 1, 1)])[0]
+        return y.view(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps:g}"
