@@ -124,14 +124,19 @@ def test_reduce_overhead_matches_eager():
             return execute([x, self.w, self.b])[0]
 
     model = FusedLinear()
-    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+
+    def training_step(x):
+        y = model(x)
+        return y, y.float().sum()
+
+    compiled = torch.compile(training_step, mode="reduce-overhead", fullgraph=True)
     torch._dynamo.reset()
     for step in range(5):  # warm-up runs, then capture, then replays
         torch.compiler.cudagraph_mark_step_begin()
         x = linear_inputs(2, 32, 64, 16, seed=step)[0].requires_grad_()
-        y = compiled(x)
+        y, loss = compiled(x)
         got = y.detach().clone()  # a later replay reuses y's memory
-        y.float().sum().backward()
+        loss.backward()
         torch.testing.assert_close(got, model(x).detach(), **TOLERANCE)
         torch.testing.assert_close(x.grad.float(), reference_grads([x, model.w, model.b])[0], **TOLERANCE)
 
