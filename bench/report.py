@@ -175,14 +175,9 @@ def cuda_ms(fn: Callable[[], object], iters: int) -> float:
 
 def compare_ms(candidates: Dict[str, Callable[[], object]], iters: int, rounds: int, warmup: int = 3) -> Dict[str, float]:
     """Median ms per call of each candidate from CUDA events, rounds interleaved."""
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    samples: Dict[str, List[float]] = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            samples[name].append(cuda_ms(fn, iters))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    from timing import compare
+
+    return compare(candidates, calls=iters, warmup=warmup, rounds=rounds, timer=cuda_ms)
 
 
 def training_step(module, x, dy):

@@ -22,15 +22,22 @@ def host_us_per_call(fn: Callable[[], object], calls: int) -> float:
     return elapsed / calls * 1e6
 
 
-def compare(candidates: Dict[str, Callable[[], object]], calls: int = 4000, warmup: int = 200, rounds: int = 7) -> Dict[str, float]:
-    """Median host microseconds per call of each candidate, rounds interleaved."""
+def compare(
+    candidates: Dict[str, Callable[[], object]],
+    calls: int = 4000,
+    warmup: int = 200,
+    rounds: int = 7,
+    timer: Callable[[Callable[[], object], int], float] = host_us_per_call,
+) -> Dict[str, float]:
+    """Median of ``timer(fn, calls)`` (by default host microseconds per call) for each
+    candidate, rounds interleaved."""
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
     samples: Dict[str, List[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
-            samples[name].append(host_us_per_call(fn, calls))
+            samples[name].append(timer(fn, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -13,6 +13,7 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torch_cudnn_handle.demo import fake_cuda_module
 from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
 
 DTYPE = torch.bfloat16
@@ -42,21 +43,11 @@ def execute_calls(graph_module) -> int:
     return graph_module.code.count("torch.ops.cudnn_fe.execute.default(")
 
 
-def fake_cuda(module, fake_mode):
-    """The module (built on meta) with fake CUDA parameters that need no grad."""
-    with fake_mode:
-        for owner in module.modules():
-            for name, parameter in list(owner.named_parameters(recurse=False)):
-                fake = torch.empty(parameter.shape, dtype=parameter.dtype, device="cuda")
-                setattr(owner, name, torch.nn.Parameter(fake, requires_grad=False))
-    return module
-
-
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_forward_traces_on_fake_cuda_tensors(name):
     make, shape, forward_calls, _ = MODULES[name]
     fake_mode = FakeTensorMode()
-    module = fake_cuda(make("meta"), fake_mode)
+    module = fake_cuda_module(make("meta"), fake_mode)
     with fake_mode:
         x = torch.empty(shape, dtype=DTYPE, device="cuda")
     backend = AotEagerAndRecordGraphs()
@@ -112,7 +103,7 @@ def test_sdpa_function_traces_and_keeps_the_layout_of_q(causal, layout):
         assert (t.grad.shape, t.grad.stride(), t.grad.dtype) == (t.shape, t.stride(), t.dtype)
 
 
-def test_sdpa_outputs_and_stats_layout_on_fake_cuda():
+def test_sdpa_outputs_and_stats_layout_on_fake_cuda_module():
     from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
 
     with FakeTensorMode():

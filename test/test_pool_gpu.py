@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
+from conftest import outcome_in_forked_child, requires_cuda
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda
@@ -181,20 +181,6 @@ def test_capture_refuses_a_new_handle_and_serves_an_existing_one():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_is_refused_the_inherited_handles():
     tch.current_handle(0)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            tch.current_handle(0)
-            message = b"no error"
-        except RuntimeError as error:
-            message = str(error).encode()
-        os.write(write, message)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        message = pipe.read().decode()
-    os.waitpid(pid, 0)
+    message = outcome_in_forked_child(lambda: tch.current_handle(0))
     assert "forked" in message and "spawn" in message, message
     assert tch.current_handle(0).device.ordinal == 0

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import outcome_in_forked_child
 from torch_cudnn_handle import _C
 
 
@@ -98,20 +99,6 @@ def test_handles_are_created_outside_the_pool_mutex():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_child_forked_after_handles_exist_is_refused():
     _C._seam_reserve(160)  # the parent has handles
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: report what reserving did, and leave without running atexit
-        os.close(read)
-        try:
-            _C._seam_reserve(160)
-            message = b"no error"
-        except RuntimeError as error:
-            message = str(error).encode()
-        os.write(write, message)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        message = pipe.read().decode()
-    os.waitpid(pid, 0)
+    message = outcome_in_forked_child(lambda: _C._seam_reserve(160))
     assert "forked" in message and "spawn" in message, message
     assert _C._seam_reserve(160)  # the parent is unaffected

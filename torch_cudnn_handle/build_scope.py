@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import cudnn
 import torch
 from cudnn.frost.device import build_device
 
@@ -24,7 +25,7 @@ __all__ = ["build_scope"]
 
 
 @contextlib.contextmanager
-def build_scope(device=None) -> Iterator["cudnn.Handle"]:  # noqa: F821
+def build_scope(device=None) -> Iterator[cudnn.Handle]:
     """Scope a graph build to ``device`` (None = torch's current device) and yield
     this thread's pooled ``cudnn.Handle`` for it."""
     ordinal = _C.parse_device(device)
