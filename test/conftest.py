@@ -1,5 +1,6 @@
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -29,3 +30,26 @@ def outcome_in_forked_child(action) -> str:
         message = pipe.read().decode()
     os.waitpid(pid, 0)
     return message
+
+
+def run_concurrently(fn, count: int) -> list:
+    """``[fn(0), ..., fn(count - 1)]``, each on its own new thread, all released
+    together by a barrier; the first exception any thread raised is re-raised here."""
+    barrier = threading.Barrier(count)
+    results, errors = [None] * count, []
+
+    def body(i):
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as error:  # noqa: BLE001 -- re-raised on the calling thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -5,13 +5,13 @@ Skipped below 2 GPUs. Keep NVLink multicast off in anything started from here
 """
 
 import os
-import threading
 
 import pytest
 import torch
 from cudnn.frost.device import current_device
 
 import torch_cudnn_handle as tch
+from conftest import run_concurrently
 from graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
 from test_pool_gpu import run_in_thread
 from torch_cudnn_handle import _C
@@ -82,25 +82,14 @@ def test_a_built_graph_refuses_another_device():
 
 
 def test_a_model_replicated_per_device_trains_on_threads():
-    results, errors = {}, []
-
     def replica(device):
-        try:
-            inputs = linear_inputs(device=f"cuda:{device}", requires_grad=True, seed=device)
-            with torch.cuda.device(device):
-                (y,) = torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
-                y.float().sum().backward()
-            results[device] = (y.detach(), [t.grad for t in inputs], inputs)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        inputs = linear_inputs(device=f"cuda:{device}", requires_grad=True, seed=device)
+        with torch.cuda.device(device):
+            (y,) = torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+            y.float().sum().backward()
+        return y.detach(), [t.grad for t in inputs], inputs
 
-    threads = [threading.Thread(target=replica, args=(d,)) for d in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
-    for device, (y, grads, inputs) in results.items():
+    for device, (y, grads, inputs) in enumerate(run_concurrently(replica, 2)):
         leaves = [t.detach().float().requires_grad_() for t in inputs]
         torch.relu(torch.matmul(leaves[0], leaves[1]) + leaves[2]).sum().backward()
         torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)

@@ -9,7 +9,7 @@ import torch
 from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
+from conftest import requires_cuda, run_concurrently
 from graphs import LINEAR_RELU, RELU, linear_inputs, linear_relu, linear_relu_reference
 from test_pool_gpu import run_in_thread
 
@@ -185,18 +185,7 @@ def test_each_key_is_built_exactly_once_under_concurrency():
     gid = tch.register_graph(linear_relu, name="concurrent_build")  # a new id: nothing built yet
     inputs = linear_inputs(2, 16, 32, 8, seed=5)
     before = tch.registry_stats()["builds"]
-    barrier = threading.Barrier(8)
-    results = [None] * 8
-
-    def call(i):
-        barrier.wait()
-        results[i] = execute(inputs, graph=gid)[0]
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_concurrently(lambda i: execute(inputs, graph=gid)[0], 8)
     assert tch.registry_stats()["builds"] == before + 1
     for y in results:
         torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
@@ -206,25 +195,14 @@ def test_32_threads_execute_concurrently_and_all_match_torch():
     inputs = [linear_inputs(2, 64, 32, 16, seed=100 + i) for i in range(32)]
     execute(inputs[0])  # one build, shared by all threads
     torch.cuda.synchronize()
-    barrier = threading.Barrier(32)
-    results, errors = [None] * 32, []
 
     def serve(i):
-        try:
-            barrier.wait()
-            for _ in range(20):
-                y = execute(inputs[i])[0]
-            torch.cuda.current_stream().synchronize()
-            results[i] = y
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(20):
+            y = execute(inputs[i])[0]
+        torch.cuda.current_stream().synchronize()
+        return y
 
-    threads = [threading.Thread(target=serve, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    results = run_concurrently(serve, 32)
     for i, y in enumerate(results):
         torch.testing.assert_close(y, linear_relu_reference(*inputs[i]), **TOLERANCE)
 

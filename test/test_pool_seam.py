@@ -29,7 +29,7 @@ def wait_until_free(device, expected_free, timeout=10.0):
         time.sleep(0.001)
 
 
-def run_concurrently(n, device):
+def hold_concurrently(n, device):
     """n threads that each reserve a handle and hold it until all have one."""
     barrier = threading.Barrier(n)
     ids = [None] * n
@@ -54,16 +54,16 @@ def test_same_thread_same_device_gets_the_same_handle():
 
 
 def test_n_concurrent_threads_get_n_distinct_handles():
-    ids = run_concurrently(8, device=110)
+    ids = hold_concurrently(8, device=110)
     assert len(set(ids)) == 8
     wait_until_free(110, 8)
     assert counts(110) == (8, 8)
 
 
 def test_a_finished_threads_handle_is_reused():
-    first = run_concurrently(1, device=120)[0]
+    first = hold_concurrently(1, device=120)[0]
     wait_until_free(120, 1)
-    second = run_concurrently(1, device=120)[0]
+    second = hold_concurrently(1, device=120)[0]
     assert second == first
     wait_until_free(120, 1)
     assert counts(120) == (1, 1)
@@ -72,16 +72,16 @@ def test_a_finished_threads_handle_is_reused():
 def test_thread_churn_creates_no_more_than_peak_concurrency():
     seen = set()
     for _ in range(50):
-        seen.update(run_concurrently(4, device=130))
+        seen.update(hold_concurrently(4, device=130))
         wait_until_free(130, counts(130)[0])
     assert counts(130)[0] == 4
     assert len(seen) == 4
 
 
 def test_a_bigger_wave_grows_the_pool_only_to_its_peak():
-    run_concurrently(3, device=140)
+    hold_concurrently(3, device=140)
     wait_until_free(140, 3)
-    run_concurrently(6, device=140)
+    hold_concurrently(6, device=140)
     wait_until_free(140, 6)
     assert counts(140) == (6, 6)
 
@@ -89,7 +89,7 @@ def test_a_bigger_wave_grows_the_pool_only_to_its_peak():
 def test_handles_are_created_outside_the_pool_mutex():
     _C._seam_set_create_delay_us(20_000)
     try:
-        run_concurrently(8, device=150)
+        hold_concurrently(8, device=150)
     finally:
         _C._seam_set_create_delay_us(0)
     # Serialised creation (under the lock) would never overlap two creations.
