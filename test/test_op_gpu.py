@@ -129,6 +129,10 @@ def test_reduce_overhead_matches_eager():
         y = model(x)
         return y, y.float().sum()
 
+    # Warm up eagerly first: builds the forward and backward graphs for these shapes and
+    # gives this thread and autograd's its handles, so nothing is built inside cudagraphs.
+    warm = linear_inputs(2, 32, 64, 16, seed=99)[0].requires_grad_()
+    training_step(warm)[1].backward()
     compiled = torch.compile(training_step, mode="reduce-overhead", fullgraph=True)
     torch._dynamo.reset()
     for step in range(5):  # warm-up runs, then capture, then replays
