@@ -48,10 +48,6 @@ extension_kwargs = dict(
     extra_compile_args={"cxx": ["-O3"]},
     define_macros=[("TORCH_CUDNN_HANDLE_WITH_CUDA", None)] if WITH_CUDA else [],
     libraries=["dl"],
-    # Link the C++ runtime dynamically, before anything can pull in libstdc++.a: a static
-    # copy inside the extension has its own locale state, and on the GPU host (GCC 13)
-    # its ostream<<long crashed once torch's libstdc++.so had set up the locale.
-    extra_link_args=["-lstdc++"],
     py_limited_api=False,
 )
 extension = CUDAExtension(**extension_kwargs) if WITH_CUDA else CppExtension(**extension_kwargs)

@@ -43,8 +43,9 @@ constexpr const char* kDeviceHint =
     "tensor's .device.";
 
 // Integers enter error messages through std::to_string, never through c10::str's
-// ostream: on the GPU host (torch 2.11+cu130, GCC 13) an ostream<<long compiled into
-// this extension crashed (see the closing note of issue 2).
+// ostream: a toolchain that links libstdc++ statically into the extension (the GPU
+// host's CXX does) gives it a second copy of the locale machinery, and there an
+// ostream<<long crashed.
 int check_ordinal(int64_t ordinal) {
   const int count = visible_device_count();
   TORCH_CHECK_VALUE(ordinal >= 0 && ordinal < count, "torch_cudnn_handle: cuda:", std::to_string(ordinal),
