@@ -23,6 +23,7 @@ CUDA_ONLY = {
     "csrc/pool/cudnn_handle_pool.cpp",
     "csrc/op/execute_kernel.cpp",
     "csrc/op/native_plan.cpp",
+    "csrc/op/native_breakdown.cpp",
 }
 
 

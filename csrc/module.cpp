@@ -21,6 +21,7 @@
 
 #include "backend/cudnn_library.h"
 #include "context/context_guard.h"
+#include "op/native_breakdown.h"
 #include "op/native_plan.h"
 #include "pool/cudnn_handle_pool.h"
 #endif
@@ -291,6 +292,13 @@ and any request in a child forked after handles existed.)doc");
     return NativePlanTable::instance().remove(graph, device, layouts_of(inputs));
   });
   m.def("native_plan_count", [] { return NativePlanTable::instance().size(); });
+  m.def(
+      "_native_breakdown",
+      [](int64_t graph, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs, int64_t calls) {
+        return native_breakdown(graph, inputs, outputs, calls);
+      },
+      py::arg("graph"), py::arg("inputs"), py::arg("outputs"),
+      py::arg("calls"), "bench/: host us per call of each step of a native execute (op/native_breakdown.h).");
   m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });
   m.def("cudnn_backend_version", [] { return backend::cudnn_library().version(); });
 #endif

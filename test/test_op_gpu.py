@@ -113,11 +113,17 @@ def test_compiled_fullgraph_matches_eager_forward_and_backward():
         torch.testing.assert_close(got.grad, want.grad, **TOLERANCE)
 
 
-def test_reduce_overhead_matches_eager():
+@pytest.mark.parametrize("built_before_compile", [True, False], ids=["built-eagerly-first", "built-in-cudagraph-warmup"])
+def test_reduce_overhead_training_matches_eager(built_before_compile):
+    # A training loop as users write it: grads set to None each step (a .grad left from
+    # the previous step would be a cudagraph output that the next replay overwrites).
+    # Distinct shapes per case, so the second really builds during cudagraph warm-up.
+    batch, m, k, n = (2, 32, 64, 16) if built_before_compile else (2, 48, 64, 24)
+
     class FusedLinear(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            _, w, b = linear_inputs(2, 32, 64, 16)
+            _, w, b = linear_inputs(batch, m, k, n)
             self.w, self.b = torch.nn.Parameter(w), torch.nn.Parameter(b)
 
         def forward(self, x):
@@ -129,20 +135,25 @@ def test_reduce_overhead_matches_eager():
         y = model(x)
         return y, y.float().sum()
 
-    # Warm up eagerly first: builds the forward and backward graphs for these shapes and
-    # gives this thread and autograd's its handles, so nothing is built inside cudagraphs.
-    warm = linear_inputs(2, 32, 64, 16, seed=99)[0].requires_grad_()
-    training_step(warm)[1].backward()
-    compiled = torch.compile(training_step, mode="reduce-overhead", fullgraph=True)
+    if built_before_compile:
+        training_step(linear_inputs(batch, m, k, n, seed=99)[0].requires_grad_())[1].backward()
     torch._dynamo.reset()
-    for step in range(5):  # warm-up runs, then capture, then replays
+    compiled = torch.compile(training_step, mode="reduce-overhead", fullgraph=True)
+    builds_before = tch.registry_stats()["builds"]
+    for step in range(5):  # cudagraph warm-up, then capture, then replays
         torch.compiler.cudagraph_mark_step_begin()
-        x = linear_inputs(2, 32, 64, 16, seed=step)[0].requires_grad_()
+        model.zero_grad(set_to_none=True)
+        x = linear_inputs(batch, m, k, n, seed=step)[0].requires_grad_()
         y, loss = compiled(x)
-        got = y.detach().clone()  # a later replay reuses y's memory
+        got = y.detach().clone()  # the next replay reuses y's memory
         loss.backward()
         torch.testing.assert_close(got, model(x).detach(), **TOLERANCE)
-        torch.testing.assert_close(x.grad.float(), reference_grads([x, model.w, model.b])[0], **TOLERANCE)
+        expected = reference_grads([x, model.w, model.b])
+        for name, grad, want in zip(("x", "w", "b"), (x.grad, model.w.grad, model.b.grad), expected):
+            torch.testing.assert_close(grad.float(), want, **TOLERANCE, msg=lambda m: f"d{name}, step {step}: {m}")
+    # The forward's and backward's graphs: built in cudagraph warm-up, or not at all when eager built them.
+    builds = tch.registry_stats()["builds"] - builds_before
+    assert builds == 0 if built_before_compile else builds >= 2
 
 
 def test_cuda_graph_capture_and_replay():

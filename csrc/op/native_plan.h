@@ -50,6 +50,8 @@ class NativePlan {
   int64_t workspace_size() const { return workspace_size_; }
   const std::vector<OperandLayout>& inputs() const { return inputs_; }
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
+  const std::vector<int64_t>& uids() const { return uids_; }
+  cudnnBackendDescriptor_t descriptor() const { return plan_; }  // owned by this plan
 
   bool matches(at::TensorList inputs) const;
 
