@@ -10,10 +10,11 @@ frontend's heuristics pick, for a 1x16x16 and an 8x1024x1024x1024 fp16 matmul.
 3. Every plan the heuristics rank for the graph: its name, workspace, and host us per
    frontend execute, side by side.
 
-    python bench/profile_native.py
+    python bench/profile_native.py [--plans]
 """
 
 import collections
+import sys
 
 import cudnn
 import torch
@@ -30,6 +31,7 @@ def matmul(graph, a, b):
 
 
 MATMUL = tch.register_graph(matmul, name="profile_matmul")
+PLANS = "--plans" in sys.argv
 
 
 def launches_per_call(fn, calls=50):
@@ -94,16 +96,34 @@ def profile_size(batch, m, k, n, calls):
     built = [g for g in tch.built_graphs(MATMUL) if g.inputs[0].shape == tuple(a.shape)][0]
     print(f"selected plan: native={built.native} ({built.path_reason}), workspace {built.workspace_size} bytes")
 
-    print("\n### 1. steps of one native call, us (C++ timing)")
-    for step, us in _C._native_breakdown(MATMUL, [a, b], [c], calls).items():
-        print(f"  {step:32s} {us:10.2f}")
-
     with tch.build_scope(0) as handle:
         graph, uids = matmul_graph(handle, a, b)
     workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
     preset = cudnn.create_handle()
     cudnn.set_stream(preset, torch.cuda.current_stream().cuda_stream)
+
+    print("\n### 1. steps of one native call, us (C++ timing)")
+    for step, us in _C._native_breakdown(MATMUL, [a, b], [c], calls).items():
+        print(f"  {step:32s} {us:10.2f}")
     x = torch.ones(16, device="cuda")
+    print("\n### 1b. the same call from Python, side by side (host us per call)")
+    figures = compare({
+        "tch.execute (pybind entry)": lambda: tch.execute(MATMUL, [a, b]),
+        "torch.ops.cudnn_fe.execute.default": lambda: torch.ops.cudnn_fe.execute.default(MATMUL, [a, b]),
+        "torch.ops.cudnn_fe.execute.out": lambda: torch.ops.cudnn_fe.execute.out(MATMUL, [a, b], out=[c]),
+        "frontend execute, preset handle": lambda: graph.execute([a, b, c], workspace, handle=preset, tensor_uids=uids),
+        "torch.bmm": lambda: torch.bmm(a, b),
+        "torch.bmm(out=)": lambda: torch.bmm(a, b, out=c),
+        "a pybind call (_C.native_plan_count)": _C.native_plan_count,
+    }, calls=calls, rounds=5)
+    for name, us in figures.items():
+        print(f"  {name:40s} {us:8.2f}")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(200):
+            tch.execute(MATMUL, [a, b])
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+
     print("\n### 2. per call: GPU work and CUDA API calls (torch.profiler)")
     for label, fn in {
         "tch.execute (native)": lambda: tch.execute(MATMUL, [a, b]),
@@ -115,8 +135,9 @@ def profile_size(batch, m, k, n, calls):
         for name, per_call in launches_per_call(fn).items():
             print(f"    {per_call:5.2f}  {name}")
 
-    print("\n### 3. the ranked plans (frontend execute_plan_at_index, host us per call)")
-    plans_of(a, b, calls)
+    if PLANS:
+        print("\n### 3. the ranked plans (frontend execute_plan_at_index, host us per call)")
+        plans_of(a, b, calls)
     cudnn.destroy_handle(preset)
 
 

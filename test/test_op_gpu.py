@@ -10,7 +10,7 @@ from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
 from conftest import requires_cuda, run_concurrently
-from graphs import LINEAR_RELU, RELU, linear_inputs, linear_relu, linear_relu_reference
+from graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference
 from test_pool_gpu import run_in_thread
 
 pytestmark = requires_cuda
@@ -154,6 +154,51 @@ def test_reduce_overhead_training_matches_eager(built_before_compile):
     # The forward's and backward's graphs: built in cudagraph warm-up, or not at all when eager built them.
     builds = tch.registry_stats()["builds"] - builds_before
     assert builds == 0 if built_before_compile else builds >= 2
+
+
+def test_reused_workspaces_and_variant_packs_stay_correct():
+    # The native path keeps a workspace per (handle, stream) and the last variant pack
+    # per handle. Alternate streams, operands and out buffers, and check every result.
+    operands = [[torch.randn(1, 16, 16, device="cuda", dtype=torch.float16) for _ in range(2)] for _ in range(3)]
+    outs = [torch.empty(1, 16, 16, device="cuda", dtype=torch.float16) for _ in range(2)]
+    (first,) = torch.ops.cudnn_fe.execute(MATMUL, operands[0])  # builds
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    results = []
+    for i in range(24):
+        stream = side if i % 2 else torch.cuda.current_stream()
+        a, b = operands[i % 3]
+        with torch.cuda.stream(stream):
+            if i % 4 < 2:
+                results.append(((a, b), torch.ops.cudnn_fe.execute(MATMUL, [a, b])[0]))
+            else:  # out= buffers written from both streams, checked before being reused
+                out = outs[(i // 4) % 2]
+                torch.ops.cudnn_fe.execute.out(MATMUL, [a, b], out=[out])
+                results.append(((a, b), out.clone()))
+                stream.synchronize()
+    torch.cuda.synchronize()
+    for (a, b), y in results:
+        torch.testing.assert_close(y, torch.bmm(a, b), **TOLERANCE)
+    paths = [g.native for g in tch.built_graphs(MATMUL) if g.inputs[0].shape == (1, 16, 16)]
+    assert paths and all(native == tch.registry._registry.native_enabled for native in paths)
+
+
+def test_no_workspace_stays_live_in_a_private_pool():
+    # cudagraph trees' warm-up and torch.cuda.use_mem_pool route a stream's allocations
+    # to a private pool; a workspace the native path kept there would stay live in it.
+    a, b = (torch.randn(1, 16, 16, device="cuda", dtype=torch.float16) for _ in range(2))
+    torch.ops.cudnn_fe.execute(MATMUL, [a, b])  # built, outside the pool
+    pool, side = torch.cuda.MemPool(), torch.cuda.Stream()  # a stream this thread's handle has not seen
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool):
+        results = [torch.ops.cudnn_fe.execute(MATMUL, [a, b])[0] for _ in range(3)]
+    torch.cuda.synchronize()
+    for y in results:  # torch.bmm outside the pool: cuBLAS keeps a workspace too
+        torch.testing.assert_close(y, torch.bmm(a, b), **TOLERANCE)
+    del results, y
+    torch.cuda.synchronize()
+    live = [block for segment in pool.snapshot() for block in segment["blocks"] if block["state"] == "active_allocated"]
+    assert live == []
 
 
 def test_cuda_graph_capture_and_replay():

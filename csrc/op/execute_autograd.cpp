@@ -47,12 +47,14 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
   }
 };
 
-std::vector<at::Tensor> execute_autograd(int64_t graph, at::TensorList inputs) {
+std::vector<at::Tensor> execute_autograd(c10::DispatchKeySet keys, int64_t graph, at::TensorList inputs) {
   bool needs_graph = false;
   if (at::GradMode::is_enabled()) {
     for (const auto& t : inputs) needs_graph = needs_graph || t.requires_grad();
   }
-  if (!needs_graph) return execute_below_autograd(graph, inputs);  // no node to record
+  if (!needs_graph) {  // no node to record: straight on to the kernel below autograd
+    return execute_op().redispatch(keys & c10::after_autograd_keyset, graph, inputs);
+  }
   return ExecuteFunction::apply(graph, inputs);
 }
 

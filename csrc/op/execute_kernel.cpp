@@ -5,6 +5,7 @@
 // (op/native_plan.h). Any other call (first use of a layout, which builds the graph;
 // plans the frontend must drive per call) goes to the Python registry path.
 #include <ATen/ATen.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <torch/library.h>
 
 #include "op/native_plan.h"
@@ -17,8 +18,11 @@ std::vector<at::Tensor> execute_cuda(int64_t graph, at::TensorList inputs) {
   if (auto plan = NativePlanTable::instance().find(graph, inputs)) {
     std::vector<at::Tensor> outputs;
     outputs.reserve(plan->outputs().size());
+    const auto device = inputs[0].device();
     for (const auto& layout : plan->outputs()) {
-      outputs.push_back(at::empty_strided(layout.sizes, layout.strides, inputs[0].options().dtype(layout.dtype)));
+      // Straight from the CUDA allocator (device-guarded inside), not through the
+      // dispatcher: this is the hot path, and the tensors are real CUDA tensors.
+      outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
     }
     plan->execute(inputs, outputs);
     return outputs;

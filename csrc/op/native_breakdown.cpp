@@ -1,6 +1,7 @@
 #include "op/native_breakdown.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "backend/cudnn_library.h"
+#include "op/execute_op.h"
 #include "op/native_plan.h"
 #include "pool/cudnn_handle_pool.h"
 
@@ -60,19 +62,22 @@ std::map<std::string, double> native_breakdown(int64_t graph, at::TensorList inp
 
   std::map<std::string, double> us;
   us["handle_for_call"] = us_per_call(calls, [&] { handle_for_call(plan->device(), stream.stream()); });
-  us["workspace_alloc"] = us_per_call(calls, [&] {
+  us["workspace_alloc_per_call (capture path)"] = us_per_call(calls, [&] {
     if (plan->workspace_size() > 0) at::empty({plan->workspace_size()}, options.dtype(at::kByte));
   });
   us["outputs_alloc"] = us_per_call(calls, [&] {
-    for (const auto& layout : plan->outputs()) at::empty_strided(layout.sizes, layout.strides, options.dtype(layout.dtype));
+    for (const auto& layout : plan->outputs()) at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, inputs[0].device());
   });
-  us["variant_pack_build"] = us_per_call(calls, [&] {
+  us["variant_pack_build (new pointers)"] = us_per_call(calls, [&] {
     lib.destroy_descriptor(make_variant_pack(plan->uids(), pointers, workspace.data_ptr()));
   });
   us["backend_execute_prebuilt_pack"] = us_per_call(calls, [&] {
     backend::check_cudnn(lib.execute(handle->backend_handle, plan->descriptor(), pack), "cudnnBackendExecute");
   });
-  us["native_plan_execute"] = us_per_call(calls, [&] { plan->execute(inputs, outputs); });
+  us["native_plan_execute (cached workspace, pack reused)"] = us_per_call(calls, [&] { plan->execute(inputs, outputs); });
+  us["plan_table_find"] = us_per_call(calls, [&] { NativePlanTable::instance().find(graph, inputs); });
+  // The whole op through the dispatcher, outputs included (Autograd kernel, then the CUDA kernel), from C++.
+  us["dispatcher_call"] = us_per_call(calls, [&] { execute_op().call(graph, inputs); });
   stream.synchronize();
   lib.destroy_descriptor(pack);
   us["workspace_bytes"] = static_cast<double>(plan->workspace_size());

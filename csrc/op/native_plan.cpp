@@ -5,6 +5,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include "backend/cudnn_library.h"
@@ -41,6 +47,100 @@ void set_attribute(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeNam
   backend::check_cudnn(backend::cudnn_library().set_attribute(descriptor, name, type, count, values), what);
 }
 
+std::atomic<uint64_t> next_plan_serial{1};
+
+constexpr size_t kMaxWorkspacesPerHandle = 4;
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// From torch's caching allocator, on `device`'s current stream. The allocator serves
+// the current device, and the dispatcher sets none for a custom op's kernel.
+c10::DataPtr allocate_on(int device, int64_t bytes) {
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  return c10::cuda::CUDACachingAllocator::get()->allocate(static_cast<size_t>(bytes));
+}
+
+// Whether the caching allocator placed `pointer` in a private pool (a CUDA graph's,
+// cudagraph trees', torch.cuda.use_mem_pool's) rather than the default one. Asked
+// only when a cached workspace is (re)allocated, so the snapshot's cost is rare.
+bool in_private_pool(const void* pointer) {
+  const auto address = reinterpret_cast<size_t>(pointer);
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot();
+  for (const auto& segment : snapshot.segments) {
+    if (address >= segment.address && address < segment.address + segment.total_size) {
+      return segment.owner_private_pool_id != decltype(segment.owner_private_pool_id){0, 0};
+    }
+  }
+  return true;  // not found: keep nothing we cannot place
+}
+
+// `bytes` of workspace on `stream`: the handle's cached block for the stream, grown if
+// too small; or, on a stream whose allocations go to a private pool, a block in
+// `per_call` that the caller frees when the call returns. A replaced or evicted block
+// goes back to the caching allocator, which hands it out again only in that stream's
+// order, after the work queued here.
+void* workspace_for(PooledCudnnHandle* handle, cudaStream_t stream, int64_t bytes, c10::DataPtr& per_call) {
+  auto& cache = handle->workspaces;
+  auto it = std::find_if(cache.begin(), cache.end(), [&](const auto& w) { return w.stream == stream; });
+  if (it != cache.end() && it != cache.end() - 1) {
+    std::rotate(it, it + 1, cache.end());  // most recently used last
+    it = cache.end() - 1;
+  }
+  if (it == cache.end()) {
+    if (cache.size() == kMaxWorkspacesPerHandle) cache.erase(cache.begin());
+    cache.push_back({stream, c10::DataPtr(), 0, false});
+    it = cache.end() - 1;
+  }
+  if (it->per_call) {
+    per_call = allocate_on(handle->device, bytes);
+    return per_call.get();
+  }
+  if (it->bytes < bytes) {
+    it->memory = c10::DataPtr();  // free first: the allocator may hand the same block back, grown
+    it->bytes = 0;
+    c10::DataPtr memory = allocate_on(handle->device, bytes);
+    if (in_private_pool(memory.get())) {
+      it->per_call = true;
+      per_call = std::move(memory);
+      return per_call.get();
+    }
+    it->memory = std::move(memory);
+    it->bytes = bytes;
+  }
+  return it->memory.get();
+}
+
+// The variant pack for `pointers` (operands in uid order, then the workspace): the
+// handle's last one when plan and pointers are the same, else a new one it keeps.
+cudnnBackendDescriptor_t variant_pack(PooledCudnnHandle* handle, uint64_t plan_serial,
+                                      const std::vector<int64_t>& uids, c10::ArrayRef<void*> pointers) {
+  if (handle->variant_pack != nullptr && handle->variant_pack_plan == plan_serial &&
+      c10::ArrayRef<void*>(handle->variant_pack_pointers) == pointers) {
+    return handle->variant_pack;
+  }
+  if (handle->variant_pack != nullptr) {
+    backend::cudnn_library().destroy_descriptor(handle->variant_pack);
+    handle->variant_pack = nullptr;
+  }
+  void* workspace = pointers.back();
+  ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                static_cast<int64_t>(uids.size()), pointers.data(), "setting the variant pack's pointers");
+  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()),
+                uids.data(), "setting the variant pack's uids");
+  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace,
+                "setting the variant pack's workspace");
+  backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
+  handle->variant_pack_pointers.assign(pointers.begin(), pointers.end());
+  handle->variant_pack_plan = plan_serial;
+  handle->variant_pack = pack.release();
+  return handle->variant_pack;
+}
+
 }  // namespace
 
 bool OperandLayout::matches(const at::Tensor& tensor) const {
@@ -49,7 +149,11 @@ bool OperandLayout::matches(const at::Tensor& tensor) const {
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> uids,
                        std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs)
-    : device_(device), uids_(std::move(uids)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {
+    : device_(device),
+      uids_(std::move(uids)),
+      inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)),
+      serial_(next_plan_serial.fetch_add(1, std::memory_order_relaxed)) {
   TORCH_CHECK(uids_.size() == inputs_.size() + outputs_.size(),
               "torch_cudnn_handle: a native plan needs one uid per input and output");
   // Deserialized on this device, with this thread's pooled handle there: a backend
@@ -85,28 +189,25 @@ bool NativePlan::matches(at::TensorList inputs) const {
 void NativePlan::execute(at::TensorList inputs, at::TensorList outputs) const {
   const auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
   PooledCudnnHandle* handle = handle_for_call(device_, stream.stream());
-  // Per call, from torch's caching allocator on this stream: capturable, and freed
-  // back to the stream's pool once the work queued here is done with it.
-  at::Tensor workspace;
+  // Outside a capture, the handle's workspace for this stream. During one, a block
+  // from the caching allocator (the graph's pool), held until this call returns and
+  // then freed back stream-ordered, so replays own their workspace.
+  c10::DataPtr per_call_workspace;
+  void* workspace = nullptr;
   if (workspace_size_ > 0) {
-    workspace = at::empty({workspace_size_}, inputs[0].options().dtype(at::kByte));
+    if (is_capturing(stream.stream())) {
+      per_call_workspace = allocate_on(device_, workspace_size_);
+      workspace = per_call_workspace.get();
+    } else {
+      workspace = workspace_for(handle, stream.stream(), workspace_size_, per_call_workspace);
+    }
   }
-  std::vector<void*> pointers;
-  pointers.reserve(uids_.size());
+  c10::SmallVector<void*, 8> pointers;
   for (const auto& t : inputs) pointers.push_back(t.data_ptr());
   for (const auto& t : outputs) pointers.push_back(t.data_ptr());
-  void* workspace_pointer = workspace_size_ > 0 ? workspace.data_ptr() : nullptr;
-
-  ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
-                static_cast<int64_t>(pointers.size()), pointers.data(), "setting the variant pack's pointers");
-  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids_.size()),
-                uids_.data(), "setting the variant pack's uids");
-  set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace_pointer,
-                "setting the variant pack's workspace");
-  backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
-  backend::check_cudnn(backend::cudnn_library().execute(handle->backend_handle, plan_, pack.get()),
-                       "cudnnBackendExecute");
+  pointers.push_back(workspace);
+  cudnnBackendDescriptor_t pack = variant_pack(handle, serial_, uids_, pointers);
+  backend::check_cudnn(backend::cudnn_library().execute(handle->backend_handle, plan_, pack), "cudnnBackendExecute");
 }
 
 NativePlanTable& NativePlanTable::instance() {

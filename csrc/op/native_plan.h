@@ -9,6 +9,9 @@
 // allocator on the current stream, the thread's pooled handle on torch's current
 // stream with the right context bound.
 //
+// Per call, the pooled handle's scratch (pool/cudnn_handle_pool.h) supplies the
+// workspace for the stream and, when the pointers repeat, the last variant pack.
+//
 // Ownership: the NativePlanTable owns its plans through shared_ptrs; a call that is
 // executing a plan holds a reference, so the registry's LRU can drop a plan while
 // another thread still runs it. The backend descriptor dies with the last reference.
@@ -65,6 +68,7 @@ class NativePlan {
   std::vector<OperandLayout> outputs_;
   cudnnBackendDescriptor_t plan_ = nullptr;
   int64_t workspace_size_ = 0;
+  uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
 };
 
 // The native plans, by graph id. Thread-safe; lookups take a shared lock.
