@@ -141,9 +141,40 @@ def profile_size(batch, m, k, n, calls):
     cudnn.destroy_handle(preset)
 
 
+def steps_under_threads(a, b, calls):
+    """Section 1 again from 1, 4 and 16 threads at once (the seam releases the GIL):
+    which step slows down when threads contend."""
+    import threading
+
+    print("\n### 4. steps of one native call, us, with N threads running them at once (mean over threads)")
+    for threads in (1, 4, 16):
+        barrier, results = threading.Barrier(threads), []
+
+        def worker():
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                outs = tch.execute(MATMUL, [a, b])  # this thread's handle and workspace
+                barrier.wait()
+                results.append(_C._native_breakdown(MATMUL, [a, b], outs, calls))
+            stream.synchronize()
+
+        workers = [threading.Thread(target=worker) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        steps = sorted(results[0])
+        print(f"  {threads:2d} threads: " + ", ".join(f"{s.split(' ')[0]} {sum(r[s] for r in results) / len(results):.2f}"
+                                                   for s in steps if s != "workspace_bytes"))
+
+
 def main():
     print(f"torch {torch.__version__}, cuDNN {_C.cudnn_backend_version()}, frontend {cudnn.__version__}")
     profile_size(1, 16, 16, 16, 2000)
+    steps_under_threads(torch.randn(1, 16, 16, device="cuda", dtype=torch.float16),
+                        torch.randn(1, 16, 16, device="cuda", dtype=torch.float16), 2000)
+    if "--threads-only" in sys.argv:
+        return
     profile_size(8, 1024, 1024, 1024, 200)
 
 

@@ -297,8 +297,8 @@ and any request in a child forked after handles existed.)doc");
       [](int64_t graph, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs, int64_t calls) {
         return native_breakdown(graph, inputs, outputs, calls);
       },
-      py::arg("graph"), py::arg("inputs"), py::arg("outputs"),
-      py::arg("calls"), "bench/: host us per call of each step of a native execute (op/native_breakdown.h).");
+      py::arg("graph"), py::arg("inputs"), py::arg("outputs"), py::arg("calls"),
+      py::call_guard<py::gil_scoped_release>(), "bench/: host us per call of each step of a native execute (op/native_breakdown.h).");
   m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });
   m.def("cudnn_backend_version", [] { return backend::cudnn_library().version(); });
 #endif

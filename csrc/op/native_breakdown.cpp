@@ -74,6 +74,14 @@ std::map<std::string, double> native_breakdown(int64_t graph, at::TensorList inp
   us["backend_execute_prebuilt_pack"] = us_per_call(calls, [&] {
     backend::check_cudnn(lib.execute(handle->backend_handle, plan->descriptor(), pack), "cudnnBackendExecute");
   });
+  // The same plan deserialized again for this thread's handle alone: whether sharing
+  // one plan descriptor between threads is what contends.
+  cudnnBackendDescriptor_t private_plan = deserialize_plan(plan->plan_json(), handle->backend_handle);
+  us["backend_execute_private_plan"] = us_per_call(calls, [&] {
+    backend::check_cudnn(lib.execute(handle->backend_handle, private_plan, pack), "cudnnBackendExecute");
+  });
+  stream.synchronize();
+  lib.destroy_descriptor(private_plan);
   us["native_plan_execute (cached workspace, pack reused)"] = us_per_call(calls, [&] { plan->execute(inputs, outputs); });
   us["plan_table_find"] = us_per_call(calls, [&] { NativePlanTable::instance().find(graph, inputs); });
   // The whole op through the dispatcher, outputs included (Autograd kernel, then the CUDA kernel), from C++.

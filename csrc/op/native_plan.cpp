@@ -160,18 +160,27 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
   // plan is finalized for the device of the handle it is given.
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
   PooledCudnnHandle* handle = handle_for_call(device, c10::cuda::getCurrentCUDAStream(device).stream());
+  plan_ = deserialize_plan(plan_json, handle->backend_handle);
+  int64_t count = 0;
+  auto status = backend::cudnn_library().get_attribute(plan_, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                                       1, &count, &workspace_size_);
+  if (status != CUDNN_STATUS_SUCCESS) {
+    backend::cudnn_library().destroy_descriptor(plan_);
+    plan_ = nullptr;
+    backend::check_cudnn(status, "reading the execution plan's workspace size");
+  }
+  plan_json_ = plan_json;
+}
+
+cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle) {
   ScopedDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
                 static_cast<int64_t>(plan_json.size()), plan_json.data(),
                 "setting the execution plan's JSON representation");
-  set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle->backend_handle,
+  set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
                 "setting the execution plan's handle");
   backend::check_cudnn(backend::cudnn_library().finalize(plan.get()), "deserializing the execution plan");
-  int64_t count = 0;
-  backend::check_cudnn(backend::cudnn_library().get_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                              CUDNN_TYPE_INT64, 1, &count, &workspace_size_),
-                       "reading the execution plan's workspace size");
-  plan_ = plan.release();
+  return plan.release();
 }
 
 NativePlan::~NativePlan() {

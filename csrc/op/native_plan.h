@@ -55,6 +55,7 @@ class NativePlan {
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
   const std::vector<int64_t>& uids() const { return uids_; }
   cudnnBackendDescriptor_t descriptor() const { return plan_; }  // owned by this plan
+  const std::string& plan_json() const { return plan_json_; }
 
   bool matches(at::TensorList inputs) const;
 
@@ -67,9 +68,14 @@ class NativePlan {
   std::vector<OperandLayout> inputs_;
   std::vector<OperandLayout> outputs_;
   cudnnBackendDescriptor_t plan_ = nullptr;
+  std::string plan_json_;  // the backend's JSON it was deserialized from
   int64_t workspace_size_ = 0;
   uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
 };
+
+// A backend execution plan from its JSON representation, finalized with `handle` (so
+// for that handle's device). The caller owns the descriptor.
+cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle);
 
 // The native plans, by graph id. Thread-safe; lookups take a shared lock.
 class NativePlanTable {
