@@ -8,6 +8,7 @@ uses the torch already installed instead of pulling another one into an isolated
 
 import glob
 import os
+import runpy
 
 import torch
 from setuptools import find_packages, setup
@@ -15,15 +16,19 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WITH_CUDA = torch.version.cuda is not None
+VERSION = runpy.run_path(os.path.join(HERE, "torch_cudnn_handle", "_version.py"))["__version__"]
 
 # Files that need the CUDA toolkit and a CUDA torch; the rest builds everywhere.
 CUDA_ONLY = {
     "csrc/backend/cudnn_library.cpp",
     "csrc/context/context_guard.cpp",
     "csrc/pool/cudnn_handle_pool.cpp",
-    "csrc/op/execute_kernel.cpp",
-    "csrc/op/native_plan.cpp",
-    "csrc/op/native_breakdown.cpp",
+    "csrc/pool/bindings.cpp",
+    "csrc/op/cuda_kernels.cpp",
+    "csrc/native/native_plan.cpp",
+    "csrc/native/native_scratch.cpp",
+    "csrc/native/graph_keepalive.cpp",
+    "csrc/native/bindings.cpp",
 }
 
 
@@ -38,6 +43,28 @@ def cudnn_include_dirs():
     except ImportError:
         return []
 
+
+def shared_libstdcxx():
+    """The libstdc++.so.6 this process runs with (torch loaded it), named on the link line:
+    some toolchains link libstdc++ statically by default, and a second copy of its locale
+    machinery inside the extension crashed integer formatting. test/test_build.py checks."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libstdc++.so"):
+                return [path]
+    return []
+
+
+class PersistentBuildExtension(BuildExtension):
+    """Objects kept in build/ between installs, so that an editable re-install recompiles
+    only what changed (pip otherwise builds in a fresh temporary folder every time)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(HERE, "build", "temp")
+
+
 sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "**", "*.cpp"), recursive=True))
 if not WITH_CUDA:
     sources = [s for s in sources if s not in CUDA_ONLY]
@@ -47,21 +74,48 @@ extension_kwargs = dict(
     sources=sources,
     include_dirs=[os.path.join(HERE, "csrc")] + (cudnn_include_dirs() if WITH_CUDA else []),
     extra_compile_args={"cxx": ["-O3"]},
+    extra_link_args=shared_libstdcxx(),
     define_macros=[("TORCH_CUDNN_HANDLE_WITH_CUDA", None)] if WITH_CUDA else [],
     libraries=["dl"],
     py_limited_api=False,
 )
 extension = CUDAExtension(**extension_kwargs) if WITH_CUDA else CppExtension(**extension_kwargs)
 
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as readme:
+    LONG_DESCRIPTION = readme.read()
+
 setup(
     name="torch_cudnn_handle",
-    version="0.1.0",
+    version=VERSION,
     description="The PyTorch side of the cuDNN frontend: a device- and thread-aware cuDNN handle pool "
     "and a torch.compile-visible op for cuDNN frontend graphs",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    keywords=["pytorch", "torch.compile", "cudnn", "cudnn-frontend", "cuda", "gpu"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Environment :: GPU :: NVIDIA CUDA :: 12",
+        "Environment :: GPU :: NVIDIA CUDA :: 13",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: C++",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: Implementation :: CPython",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Software Development :: Libraries :: Python Modules",
+    ],
     packages=find_packages(include=["torch_cudnn_handle", "torch_cudnn_handle.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.11", "nvidia-cudnn-frontend>=1.32,<1.33", "cuda-python"],
     extras_require={"test": ["pytest", "expecttest"]},
     ext_modules=[extension],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": PersistentBuildExtension.with_options(use_ninja=True)},
 )

@@ -20,35 +20,38 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 o
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 
-def test_a_handle_for_another_device_is_bound_to_it():
+def test_a_handle_for_another_device_leaves_the_callers_context():
     with torch.cuda.device(0):
         handle = tch.current_handle("cuda:1")
         assert handle.device.ordinal == 1 and handle is not tch.current_handle(0)
-        assert _C.current_context_device() == 1
+        assert _C.current_context_device() == 0 and torch.cuda.current_device() == 0
     inputs = linear_inputs(device="cuda:1")
     with torch.cuda.device(0):
         (y,) = torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+        assert _C.current_context_device() == 0 and torch.cuda.current_device() == 0
     assert y.device == torch.device("cuda", 1)
     torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
     devices = tch.pool_stats()["devices"]
     assert devices[0]["created"] >= 1 and devices[1]["created"] >= 1
 
 
-def test_default_stream_work_for_another_device_moves_the_context():
-    def cold_thread():
+def test_a_handle_for_another_device_keeps_a_bound_context_and_binds_a_cold_one():
+    def thread():
         tch.bind_context(0)  # this thread now holds cuda:0's context
         held = _C.current_context_device()
-        tch.current_handle(1)  # default-stream work for cuda:1
+        tch.current_handle(1)  # default-stream work for cuda:1: the caller's context stays
         return held, _C.current_context_device()
 
-    assert run_in_thread(cold_thread) == (0, 1)
+    assert run_in_thread(thread) == (0, 0)
+    assert run_in_thread(lambda: (tch.current_handle(1), _C.current_context_device())[1]) == 1  # a cold thread keeps cuda:1's
 
 
 def test_a_real_streams_context_wins():
     side = torch.cuda.Stream(device=1)
 
     def thread():
-        tch.bind_context(0, side.cuda_stream)  # a raw stream: its own context decides
+        tch.bind_context(0)
+        tch.bind_context(0, side.cuda_stream)  # a raw stream: its own context decides, over the named device
         return _C.current_context_device()
 
     assert run_in_thread(thread) == 1

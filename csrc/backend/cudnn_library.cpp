@@ -81,8 +81,10 @@ CudnnLibrary load() {
 }  // namespace
 
 const CudnnLibrary& cudnn_library() {
-  static const CudnnLibrary lib = load();  // a throw here is retried on the next call
-  return lib;
+  // Leaky (never destroyed: threads may call into cuDNN during process exit); a throw
+  // here is retried on the next call.
+  static const CudnnLibrary* lib = new CudnnLibrary(load());
+  return *lib;
 }
 
 void check_cudnn(cudnnStatus_t status, const char* what) {
@@ -90,6 +92,25 @@ void check_cudnn(cudnnStatus_t status, const char* what) {
     throw std::runtime_error(std::string("torch_cudnn_handle: ") + what + " failed: " +
                              cudnn_library().error_string(status));
   }
+}
+
+ScopedDescriptor::ScopedDescriptor(cudnnBackendDescriptorType_t type) {
+  check_cudnn(cudnn_library().create_descriptor(type, &descriptor_), "cudnnBackendCreateDescriptor");
+}
+
+ScopedDescriptor::~ScopedDescriptor() {
+  if (descriptor_) cudnn_library().destroy_descriptor(descriptor_);
+}
+
+cudnnBackendDescriptor_t ScopedDescriptor::release() {
+  auto descriptor = descriptor_;
+  descriptor_ = nullptr;
+  return descriptor;
+}
+
+void set_attribute(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
+                   cudnnBackendAttributeType_t type, int64_t count, const void* values, const char* what) {
+  check_cudnn(cudnn_library().set_attribute(descriptor, name, type, count, values), what);
 }
 
 }  // namespace torch_cudnn_handle::backend

@@ -40,4 +40,23 @@ const CudnnLibrary& cudnn_library();
 // Throws "torch_cudnn_handle: <what> failed: <cuDNN's message>" unless status is success.
 void check_cudnn(cudnnStatus_t status, const char* what);
 
+// A backend descriptor destroyed on every path out of a scope, unless released.
+class ScopedDescriptor {
+ public:
+  explicit ScopedDescriptor(cudnnBackendDescriptorType_t type);  // a new one
+  explicit ScopedDescriptor(cudnnBackendDescriptor_t adopted) : descriptor_(adopted) {}
+  ~ScopedDescriptor();
+  ScopedDescriptor(const ScopedDescriptor&) = delete;
+  ScopedDescriptor& operator=(const ScopedDescriptor&) = delete;
+  cudnnBackendDescriptor_t get() const { return descriptor_; }
+  cudnnBackendDescriptor_t release();
+
+ private:
+  cudnnBackendDescriptor_t descriptor_ = nullptr;
+};
+
+// cudnnBackendSetAttribute, checked; `what` names the attribute in the error.
+void set_attribute(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
+                   cudnnBackendAttributeType_t type, int64_t count, const void* values, const char* what);
+
 }  // namespace torch_cudnn_handle::backend

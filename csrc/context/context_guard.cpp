@@ -122,25 +122,42 @@ int current_context_device() {
   return static_cast<int>(device);
 }
 
-void ensure_current(int device, cudaStream_t stream, CUcontext stream_context) {
-  const DriverApi& api = driver();
-  CUcontext current = nullptr;
-  check(api.ctx_get_current(&current), "cuCtxGetCurrent");
+namespace {
+
+// The context that work of `device` on `stream` must run in, given the one current.
+CUcontext target_context(int device, cudaStream_t stream, CUcontext stream_context, CUcontext current) {
   if (!is_default_stream(stream)) {
-    CUcontext target = stream_context ? stream_context : context_of_stream(stream);
-    if (target != current) {
-      check(api.ctx_set_current(target), "cuCtxSetCurrent");
-    }
-    return;
+    return stream_context ? stream_context : context_of_stream(stream);
   }
   CUcontext primary = primary_context(device);
-  if (current == primary) return;
-  if (current != nullptr) {
-    CUdevice current_device;
-    // Someone else's context on the right device (e.g. one they created) is kept.
-    if (api.ctx_get_device(&current_device) == CUDA_SUCCESS && current_device == device) return;
+  if (current == primary || current == nullptr) return primary;
+  CUdevice current_device;
+  // Someone else's context on the right device (e.g. one they created) is kept.
+  if (driver().ctx_get_device(&current_device) == CUDA_SUCCESS && current_device == device) return current;
+  return primary;
+}
+
+}  // namespace
+
+void bind(int device, cudaStream_t stream, CUcontext stream_context) {
+  CUcontext current = current_context();
+  CUcontext target = target_context(device, stream, stream_context, current);
+  if (target != current) check(driver().ctx_set_current(target), "cuCtxSetCurrent");
+}
+
+ContextGuard::ContextGuard(int device, cudaStream_t stream, CUcontext stream_context) {
+  previous_ = current_context();
+  CUcontext target = target_context(device, stream, stream_context, previous_);
+  if (target != previous_) {
+    check(driver().ctx_set_current(target), "cuCtxSetCurrent");
+    restore_ = previous_ != nullptr;
   }
-  check(api.ctx_set_current(primary), "cuCtxSetCurrent");
+}
+
+ContextGuard::~ContextGuard() {
+  // Putting back a context we read a moment ago cannot fail short of a driver in ruin;
+  // a destructor must not throw, so the result is not checked.
+  if (restore_) driver().ctx_set_current(previous_);
 }
 
 }  // namespace torch_cudnn_handle::context

@@ -27,9 +27,12 @@ PooledCudnnHandle* create_pooled_handle(int device) {
 using CreateFn = PooledCudnnHandle* (*)(int);
 using CudnnPool = DeviceThreadHandlePool<PooledCudnnHandle*, CreateFn>;
 
+// Leaky: never destroyed, as ATen's pools are. Threads still running during process
+// exit (daemon threads, autograd's workers) may reach it, and handle destruction
+// then would race the CUDA context's own teardown.
 const std::shared_ptr<CudnnPool>& pool() {
-  static const auto instance = std::make_shared<CudnnPool>(&create_pooled_handle);
-  return instance;
+  static const auto* instance = new std::shared_ptr<CudnnPool>(new CudnnPool(&create_pooled_handle));
+  return *instance;
 }
 
 CudnnPool::PoolWindow& window() {
@@ -41,19 +44,19 @@ void refuse_creation_during_capture(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   TORCH_CHECK(status == cudaStreamCaptureStatusNone,
-              "torch_cudnn_handle: this thread has no cuDNN handle for cuda:", std::to_string(device),
+              "torch_cudnn_handle: this thread has no cuDNN handle for cuda:", device,
               " yet, and its stream is capturing a CUDA graph. Creating a handle allocates and "
               "synchronizes, which a capture cannot record. Warm up before capture: run the op "
-              "(or call torch_cudnn_handle.current_handle(", std::to_string(device),
+              "(or call torch_cudnn_handle.current_handle(", device,
               ")) once on this thread, outside the capture.");
 }
 
 void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream, bool stream_is_on_device) {
   const int stream_device = stream_is_on_device ? handle->device : context::device_of_stream(stream);
   TORCH_CHECK_VALUE(stream_device < 0 || stream_device == handle->device,
-                    "torch_cudnn_handle: the stream is on cuda:", std::to_string(stream_device),
-                    " but the work is for cuda:", std::to_string(handle->device),
-                    "; pass a stream of the same device (torch.cuda.current_stream(", std::to_string(handle->device),
+                    "torch_cudnn_handle: the stream is on cuda:", stream_device,
+                    " but the work is for cuda:", handle->device,
+                    "; pass a stream of the same device (torch.cuda.current_stream(", handle->device,
                     ")) or move the tensors.");
   CUcontext stream_context = context::context_of_stream(stream);
   backend::check_cudnn(backend::cudnn_library().set_stream(handle->backend_handle, stream),
@@ -67,23 +70,20 @@ void set_backend_stream(PooledCudnnHandle* handle, cudaStream_t stream, bool str
 }  // namespace
 
 PooledCudnnHandle* handle_for_call(int device, cudaStream_t stream, bool stream_is_on_device) {
+  check_not_forked();
   CudnnPool::PoolWindow& mine = window();
-  if (mine.find(device) == nullptr) {
-    check_not_forked();
+  PooledCudnnHandle* handle = mine.find(device);
+  if (handle == nullptr) {
     refuse_creation_during_capture(device, stream);
+    handle = mine.reserve(device);
   }
-  PooledCudnnHandle* handle = mine.reserve(device);
   if (handle->stream != stream) {
     set_backend_stream(handle, stream, stream_is_on_device);
   }
-  context::ensure_current(device, stream, handle->stream_context);
   return handle;
 }
 
-PooledCudnnHandle* find_thread_handle(int device) {
-  check_not_forked();
-  return window().find(device);
-}
+PooledCudnnHandle* find_thread_handle(int device) { return window().find(device); }
 
 void record_stream(PooledCudnnHandle* handle, cudaStream_t stream) {
   handle->stream_context = context::context_of_stream(stream);

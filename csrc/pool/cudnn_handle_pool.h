@@ -5,9 +5,6 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <vector>
-
-#include <c10/core/Allocator.h>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -35,38 +32,18 @@ struct PooledCudnnHandle {
   // and kept, with one strong reference that is never dropped, as long as the handle
   // (forever). Only touched with the GIL held.
   void* python_handle = nullptr;
-
-  // Scratch of the native execute path (op/native_plan.cpp), kept with the handle so
-  // that it lives exactly as long (forever) and passes, with the handle, to the next
-  // thread that borrows it; only the holding thread touches it.
-  // Workspaces, one per stream this handle executed on (most recently used last, a
-  // few at most), from torch's caching allocator on that stream and only ever used on
-  // it, so reuse is stream-ordered; grown on demand. torch's cuBLAS workspaces per
-  // (handle, stream) are the model. Never used while a stream captures a CUDA graph
-  // (a capture takes its workspace from the graph's pool, per call); and a stream
-  // whose first workspace the allocator placed in a private pool (cudagraph trees'
-  // warm-up, torch.cuda.use_mem_pool) gets per-call workspaces on this handle from
-  // then on, since a block kept past the call would stay live in someone's pool.
-  struct StreamWorkspace {
-    cudaStream_t stream = nullptr;
-    c10::DataPtr memory;
-    int64_t bytes = 0;
-    bool per_call = false;
-  };
-  std::vector<StreamWorkspace> workspaces;
-  // The last variant pack executed on this handle, for the plan with serial
-  // `variant_pack_plan` and these data pointers (operands, then workspace): a call
-  // with the same plan and pointers reuses it. Destroyed when replaced.
-  cudnnBackendDescriptor_t variant_pack = nullptr;
-  uint64_t variant_pack_plan = 0;
-  std::vector<void*> variant_pack_pointers;
+  // State a consumer keeps per handle (the native path's workspaces and variant pack),
+  // made and owned by that consumer; it lives as long as the handle and travels with
+  // it to the next thread that borrows it. Only the holding thread touches it.
+  void* consumer_state = nullptr;
 };
 
 // This thread's handle for `device`, borrowed on first use, with cuDNN's stream set
-// to `stream` (cudnnSetStream only when it differs from the handle's last one) and the
-// right CUDA context current (context/context_guard.h). Throws when this thread has
-// no handle for `device` yet and `stream` is capturing a CUDA graph, in a process
-// forked after handles existed, and for a stream on another device.
+// to `stream` (cudnnSetStream only when it differs from the handle's last one). The
+// caller makes the right context current for the work (context::ContextGuard with
+// the handle's stream_context). Throws when this thread has no handle for `device`
+// yet and `stream` is capturing a CUDA graph, in a process forked after handles
+// existed, and for a stream on another device.
 // `stream_is_on_device`: the caller knows the stream lives on `device` (torch's current
 // stream there, or a torch.cuda.Stream whose device was checked); otherwise the driver
 // is asked once per stream change.

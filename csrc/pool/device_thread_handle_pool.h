@@ -20,9 +20,9 @@
 //     PoolWindow, from its first request until the thread exits; the window's
 //     destructor (run by the C++ runtime at thread exit) returns the handles to
 //     `available_`, where the next thread that needs one picks it up.
-//   * A window holds only a weak_ptr to the pool: at process exit the static pool may
-//     die before a thread's window, and then the window leaks its handles instead of
-//     touching freed memory.
+//   * The pool itself is a leaky singleton (a shared_ptr whose deleter does nothing):
+//     threads still running during process exit may reach it. A window holds only a
+//     weak_ptr, as ATen's do, so a pool that is ever destroyed is never touched after.
 //   * No cap on the number of handles: a cap can deadlock threads that wait on each
 //     other while holding one. The total per device is the peak number of threads
 //     that held one at the same time.
@@ -111,13 +111,6 @@ class DeviceThreadHandlePool
       out[device].free = handles.size();
     }
     return out;
-  }
-
-  // Every handle the pool created for `device` (for diagnostics and stats).
-  std::vector<Handle> created(int device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = created_.find(device);
-    return it == created_.end() ? std::vector<Handle>{} : it->second;
   }
 
  private:

@@ -1,10 +1,16 @@
-// The Autograd kernel of cudnn_fe.execute, in C++ so that a call with no gradient to
-// track costs a branch, not a trip through Python. With one, it records a node whose
-// backward runs the graph's registered backward (Python: builders and backward
-// functions are user code), on whichever thread autograd runs it; the pool gives that
-// thread its own handle and binds the context it lacks.
+// The autograd-side kernels of cudnn_fe.execute and execute.out, in C++ so that a call
+// with no gradient to track costs a branch, not a trip through Python.
+//
+// execute (Autograd): with a gradient to track, it records a node whose backward runs
+// the graph's registered backward (Python: builders and backward functions are user
+// code), on whichever thread autograd runs it; the pool gives that thread its own
+// handle and binds the context it lacks.
+// execute.out: torch's rules for out= ops. Autograd refuses a call that would need a
+// gradient through `out`; ADInplaceOrView bumps each `out`'s version counter, so a
+// tensor saved for backward and then overwritten raises torch's in-place error.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include "op/execute_op.h"
@@ -40,7 +46,7 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
     auto grads = python_kernels::backward(ctx->saved_data["graph"].toInt(), grad_outputs, all.slice(0, num_inputs),
                                           all.slice(num_inputs));
     TORCH_CHECK(static_cast<int64_t>(grads.size()) == num_inputs, "torch_cudnn_handle: the backward returned ",
-                std::to_string(grads.size()), " gradients for ", std::to_string(num_inputs), " inputs");
+                grads.size(), " gradients for ", num_inputs, " inputs");
     variable_list result{at::Tensor()};  // the graph id has no gradient
     result.insert(result.end(), grads.begin(), grads.end());
     return result;
@@ -58,9 +64,40 @@ std::vector<at::Tensor> execute_autograd(c10::DispatchKeySet keys, int64_t graph
   return ExecuteFunction::apply(graph, inputs);
 }
 
+void execute_out_autograd(c10::DispatchKeySet keys, int64_t graph, at::TensorList inputs, at::TensorList out) {
+  if (at::GradMode::is_enabled()) {
+    auto refuse = [](const char* what, size_t i) {
+      TORCH_CHECK(false, "cudnn_fe.execute.out: functions with out=... arguments don't support automatic "
+                  "differentiation, but ", what, "[", i, "] requires grad. Use torch.ops.cudnn_fe.execute "
+                  "(functional) to differentiate, or call it under torch.no_grad().");
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].requires_grad()) refuse("inputs", i);
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].requires_grad()) refuse("out", i);
+    }
+  }
+  execute_out_op().redispatch(keys & c10::after_autograd_keyset, graph, inputs, out);
+}
+
+void execute_out_ad_inplace_or_view(c10::DispatchKeySet keys, int64_t graph, at::TensorList inputs,
+                                    at::TensorList out) {
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    execute_out_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, graph, inputs, out);
+  }
+  for (const auto& t : out) torch::autograd::impl::bump_version(t);
+}
+
 }  // namespace
 }  // namespace torch_cudnn_handle
 
 TORCH_LIBRARY_IMPL(cudnn_fe, Autograd, m) {
   m.impl("execute", &torch_cudnn_handle::execute_autograd);
+  m.impl("execute.out", &torch_cudnn_handle::execute_out_autograd);
+}
+
+TORCH_LIBRARY_IMPL(cudnn_fe, ADInplaceOrView, m) {
+  m.impl("execute.out", &torch_cudnn_handle::execute_out_ad_inplace_or_view);
 }

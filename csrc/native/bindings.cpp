@@ -1,0 +1,105 @@
+// The native path's Python face: registering plans, their use, CUDA-graph keep-alive.
+#include <torch/csrc/Dtype.h>
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "backend/cudnn_library.h"
+#include "bindings.h"
+#include "native/graph_keepalive.h"
+#include "native/native_plan.h"
+
+namespace py = pybind11;
+
+namespace torch_cudnn_handle {
+namespace {
+
+using native::NativePlan;
+using native::NativePlanTable;
+using native::OperandLayout;
+using native::PlanExtras;
+
+// [(shape, stride, dtype), ...] from the Python registry.
+std::vector<OperandLayout> layouts_of(const py::sequence& specs) {
+  std::vector<OperandLayout> layouts;
+  for (const auto& spec : specs) {
+    auto fields = spec.cast<py::sequence>();
+    py::handle dtype = fields[2];
+    TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "torch_cudnn_handle: a layout's dtype must be a torch.dtype");
+    layouts.push_back({fields[0].cast<std::vector<int64_t>>(), fields[1].cast<std::vector<int64_t>>(),
+                       reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type});
+  }
+  return layouts;
+}
+
+PlanExtras extras_of(const py::sequence& by_value, int64_t fe_workspace_size, const py::sequence& workspace_tensors,
+                     const py::sequence& replacements) {
+  PlanExtras extras;
+  for (const auto& item : by_value) {
+    auto fields = item.cast<py::tuple>();
+    extras.by_value.emplace_back(fields[0].cast<int64_t>(), fields[1].cast<std::string>());
+  }
+  extras.fe_workspace_size = fe_workspace_size;
+  for (const auto& item : workspace_tensors) {
+    auto fields = item.cast<py::tuple>();
+    extras.workspace_tensors.push_back({fields[0].cast<int64_t>(), fields[1].cast<int64_t>(), fields[2].cast<int64_t>()});
+  }
+  for (const auto& item : replacements) {
+    auto fields = item.cast<py::tuple>();
+    extras.replacements.push_back({fields[0].cast<int64_t>(), fields[1].cast<int64_t>(), fields[2].cast<int64_t>()});
+  }
+  return extras;
+}
+
+}  // namespace
+
+void bind_native(py::module& m) {
+  m.def(
+      "native_register",
+      [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
+         const py::bytes& plan_json, const py::sequence& by_value, int64_t fe_workspace_size,
+         const py::sequence& workspace_tensors, const py::sequence& replacements) {
+        auto input_layouts = layouts_of(inputs);
+        auto output_layouts = layouts_of(outputs);
+        auto extras = extras_of(by_value, fe_workspace_size, workspace_tensors, replacements);
+        std::string json(plan_json);
+        std::shared_ptr<const NativePlan> plan;
+        {
+          py::gil_scoped_release no_gil;  // deserializing and finalizing a plan takes a while
+          plan = std::make_shared<const NativePlan>(device, json, std::move(uids), std::move(input_layouts),
+                                                    std::move(output_layouts), std::move(extras));
+        }
+        NativePlanTable::instance().add(graph, plan);
+        return py::make_tuple(plan->serial(), plan->workspace_size());
+      },
+      py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
+      py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
+      py::arg("replacements") = py::list(),
+      "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
+      "these input layouts; returns (serial, workspace bytes).");
+  m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },
+        py::arg("graph"), py::arg("serial"));
+  m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },
+        "serial -> when each native plan last ran (monotonic clock, ns; 0 = never).");
+  m.def("native_plan_count", [] { return NativePlanTable::instance().size(); });
+  m.def("native_plans_alive", &NativePlan::alive,
+        "Native plans alive: in the table, executing, or kept by a CUDA graph that captured them.");
+  m.def(
+      "keep_alive_while_captured",
+      [](py::object owner) {
+        auto* held = owner.release().ptr();  // one strong reference, dropped by release_dropped() (GIL held)
+        std::shared_ptr<const void> keep(held, [](const void* object) {
+          Py_DECREF(static_cast<PyObject*>(const_cast<void*>(object)));
+        });
+        return native::keep_alive_while_captured(c10::cuda::getCurrentCUDAStream().stream(), std::move(keep));
+      },
+      py::arg("owner"),
+      "If torch's current stream is capturing a CUDA graph, keep `owner` alive until that graph is "
+      "destroyed; returns whether it was capturing.");
+  m.def("release_dropped", &native::release_dropped,
+        "Release what destroyed CUDA graphs kept alive; returns how many. Call with the GIL held.");
+  m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });
+  m.def("cudnn_backend_version", [] { return backend::cudnn_library().version(); });
+}
+
+}  // namespace torch_cudnn_handle

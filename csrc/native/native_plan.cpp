@@ -1,0 +1,214 @@
+#include "native/native_plan.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "backend/cudnn_library.h"
+#include "native/graph_keepalive.h"
+#include "native/native_scratch.h"
+
+namespace torch_cudnn_handle::native {
+namespace {
+
+std::atomic<uint64_t> next_plan_serial{1};
+std::atomic<int64_t> plans_alive{0};
+
+// A plan's last use is recorded at this resolution, so threads sharing a hot plan
+// write its cache line at most once a millisecond each.
+constexpr int64_t kUseResolutionNs = 1000000;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+bool is_aligned(const at::Tensor& tensor) {
+  return (reinterpret_cast<uintptr_t>(tensor.data_ptr()) & 15) == 0;
+}
+
+}  // namespace
+
+bool OperandLayout::matches(const at::Tensor& tensor) const {
+  return tensor.scalar_type() == dtype && tensor.sizes().equals(sizes) && tensor.strides().equals(strides) &&
+      is_aligned(tensor);
+}
+
+NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
+                       std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras)
+    : device_(device),
+      operand_uids_(std::move(operand_uids)),
+      inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)),
+      extras_(std::move(extras)),
+      serial_(next_plan_serial.fetch_add(1, std::memory_order_relaxed)) {
+  TORCH_CHECK(operand_uids_.size() == inputs_.size() + outputs_.size(),
+              "torch_cudnn_handle: a native plan needs one uid per input and output");
+  pack_uids_ = operand_uids_;
+  by_value_storage_.resize(extras_.by_value.size());
+  for (size_t i = 0; i < extras_.by_value.size(); ++i) {
+    const auto& [uid, bytes] = extras_.by_value[i];
+    TORCH_CHECK(bytes.size() <= sizeof(int64_t), "torch_cudnn_handle: a pass-by-value scalar of ", bytes.size(), " bytes");
+    std::memcpy(&by_value_storage_[i], bytes.data(), bytes.size());
+    pack_uids_.push_back(uid);
+  }
+  for (const auto& tensor : extras_.workspace_tensors) {
+    TORCH_CHECK(tensor.offset >= 0 && tensor.offset + tensor.zero_bytes <= extras_.fe_workspace_size,
+                "torch_cudnn_handle: a workspace tensor outside the frontend's workspace region");
+    pack_uids_.push_back(tensor.uid);
+  }
+  for (const auto& replacement : extras_.replacements) {
+    auto source = std::find(pack_uids_.begin(), pack_uids_.end(), replacement.source_uid);
+    TORCH_CHECK(source != pack_uids_.end(), "torch_cudnn_handle: a pointer replacement from unknown uid ",
+                replacement.source_uid);
+    replacement_sources_.emplace_back(static_cast<size_t>(source - pack_uids_.begin()), replacement.offset);
+    pack_uids_.push_back(replacement.uid);
+  }
+  // Deserialized on this device, with this thread's pooled handle there: a backend
+  // plan is finalized for the device of the handle it is given.
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  PooledCudnnHandle* handle = handle_for_call(device, c10::cuda::getCurrentCUDAStream(device).stream());
+  backend::ScopedDescriptor plan(deserialize_plan(plan_json, handle->backend_handle));
+  int64_t count = 0;
+  backend::check_cudnn(backend::cudnn_library().get_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                              CUDNN_TYPE_INT64, 1, &count, &engine_workspace_size_),
+                       "reading the execution plan's workspace size");
+  plan_ = plan.release();
+  plans_alive.fetch_add(1, std::memory_order_relaxed);
+}
+
+cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle) {
+  backend::ScopedDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                         static_cast<int64_t>(plan_json.size()), plan_json.data(),
+                         "setting the execution plan's JSON representation");
+  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
+                         "setting the execution plan's handle");
+  backend::check_cudnn(backend::cudnn_library().finalize(plan.get()), "deserializing the execution plan");
+  return plan.release();
+}
+
+NativePlan::~NativePlan() {
+  if (plan_) backend::cudnn_library().destroy_descriptor(plan_);
+  plans_alive.fetch_sub(1, std::memory_order_relaxed);
+}
+
+int64_t NativePlan::alive() { return plans_alive.load(std::memory_order_relaxed); }
+
+void NativePlan::mark_used() const {
+  const int64_t now = now_ns();
+  if (now - last_used_ns_.load(std::memory_order_relaxed) > kUseResolutionNs) {
+    last_used_ns_.store(now, std::memory_order_relaxed);
+  }
+}
+
+bool NativePlan::matches(at::TensorList inputs) const {
+  if (inputs.size() != inputs_.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].is_cuda() || inputs[i].get_device() != device_ || !inputs_[i].matches(inputs[i])) return false;
+  }
+  return true;
+}
+
+bool NativePlan::matches_outputs(at::TensorList outputs) const {
+  if (outputs.size() != outputs_.size()) return false;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].is_cuda() || outputs[i].get_device() != device_ || !outputs_[i].matches(outputs[i])) return false;
+  }
+  return true;
+}
+
+void NativePlan::execute(PooledCudnnHandle* handle, cudaStream_t stream, at::TensorList inputs,
+                         at::TensorList outputs) const {
+  mark_used();
+  const bool capturing = is_capturing(stream);
+  if (capturing) keep_alive_while_captured(stream, shared_from_this());
+  NativeScratch& scratch = NativeScratch::of(handle);
+  c10::DataPtr per_call_workspace;  // freed (stream-ordered) when the call returns
+  char* workspace = nullptr;
+  if (workspace_size() > 0) {
+    workspace = static_cast<char*>(scratch.workspace(device_, stream, capturing, workspace_size(), per_call_workspace));
+  }
+  c10::SmallVector<void*, 16> pointers;
+  for (const auto& t : inputs) pointers.push_back(t.data_ptr());
+  for (const auto& t : outputs) pointers.push_back(t.data_ptr());
+  for (const auto& value : by_value_storage_) pointers.push_back(const_cast<int64_t*>(&value));  // read, never written
+  for (const auto& tensor : extras_.workspace_tensors) {
+    pointers.push_back(workspace + tensor.offset);
+    if (tensor.zero_bytes > 0) {
+      C10_CUDA_CHECK(cudaMemsetAsync(workspace + tensor.offset, 0, static_cast<size_t>(tensor.zero_bytes), stream));
+    }
+  }
+  for (const auto& [source, offset] : replacement_sources_) {
+    pointers.push_back(static_cast<char*>(pointers[source]) + offset);
+  }
+  void* engine_workspace = workspace ? workspace + extras_.fe_workspace_size : nullptr;
+  cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
+  backend::check_cudnn(backend::cudnn_library().execute(handle->backend_handle, plan_, pack), "cudnnBackendExecute");
+}
+
+NativePlanTable& NativePlanTable::instance() {
+  static auto* table = new NativePlanTable();  // never destroyed: see the header
+  return *table;
+}
+
+void NativePlanTable::add(int64_t graph, std::shared_ptr<const NativePlan> plan) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  plans_[graph].push_back(std::move(plan));
+}
+
+bool NativePlanTable::remove(int64_t graph, uint64_t serial) {
+  std::shared_ptr<const NativePlan> dropped;  // destroyed after the lock is released
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  auto it = plans_.find(graph);
+  if (it == plans_.end()) return false;
+  auto& plans = it->second;
+  auto match = std::find_if(plans.begin(), plans.end(), [&](const auto& p) { return p->serial() == serial; });
+  if (match == plans.end()) return false;
+  dropped = std::move(*match);
+  plans.erase(match);
+  if (plans.empty()) plans_.erase(it);
+  return true;
+}
+
+std::shared_ptr<const NativePlan> NativePlanTable::find(int64_t graph, at::TensorList inputs) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  auto it = plans_.find(graph);
+  if (it == plans_.end()) return nullptr;
+  for (const auto& plan : it->second) {
+    if (plan->matches(inputs)) return plan;
+  }
+  return nullptr;
+}
+
+size_t NativePlanTable::size() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  size_t n = 0;
+  for (const auto& [graph, plans] : plans_) n += plans.size();
+  return n;
+}
+
+std::map<uint64_t, int64_t> NativePlanTable::last_used() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::map<uint64_t, int64_t> out;
+  for (const auto& [graph, plans] : plans_) {
+    for (const auto& plan : plans) out[plan->serial()] = plan->last_used_ns();
+  }
+  return out;
+}
+
+}  // namespace torch_cudnn_handle::native

@@ -1,0 +1,126 @@
+// Backend-served plans executed from C++: the native path of cudnn_fe.execute.
+//
+// The Python registry builds a graph once per (id, device, input layout); when the
+// selected plan is a cuDNN backend plan, it hands over the plan's backend JSON and what
+// the frontend would otherwise add per call (pass-by-value scalars, workspace tensors
+// it zeroes, pointer replacements; torch_cudnn_handle/native.py decides what qualifies).
+// A NativePlan deserializes the JSON with the backend C API on a pooled handle of its
+// device and executes it: operand pointers in the graph's uid order, the workspace
+// from the handle's scratch (native_scratch.h), cudnnBackendExecute on the thread's
+// pooled handle, on torch's current stream, in the right context.
+//
+// Ownership: the NativePlanTable owns its plans through shared_ptrs until the
+// registry's LRU drops them; a call that is executing a plan holds a reference, and a
+// CUDA graph that captured a call holds one until the graph is destroyed
+// (graph_keepalive.h). The backend descriptor dies with the last reference. The table
+// itself is never destroyed (process exit must not call into cuDNN).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <cudnn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pool/cudnn_handle_pool.h"
+
+namespace torch_cudnn_handle::native {
+
+struct OperandLayout {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::ScalarType dtype;
+
+  // Same layout and a 16-byte aligned data pointer: plans are built for aligned
+  // operands (the frontend sets no lower alignment), so a misaligned view takes the
+  // Python path, which stages it through an aligned copy.
+  bool matches(const at::Tensor& tensor) const;
+};
+
+// What the frontend adds to a call besides the operands, from its serialized graph.
+struct PlanExtras {
+  std::vector<std::pair<int64_t, std::string>> by_value;  // uid, the scalar's bytes (host)
+  int64_t fe_workspace_size = 0;  // the frontend's region at the workspace's start
+  struct WorkspaceTensor {
+    int64_t uid, offset, zero_bytes;  // at workspace + offset; zero_bytes zeroed before each call
+  };
+  std::vector<WorkspaceTensor> workspace_tensors;
+  struct Replacement {
+    int64_t uid, source_uid, offset;  // pointer of `uid` = pointer of `source_uid` + offset bytes
+  };
+  std::vector<Replacement> replacements;
+};
+
+class NativePlan : public std::enable_shared_from_this<NativePlan> {
+ public:
+  // Deserializes `plan_json` for `device` (the calling thread's pooled handle there).
+  NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
+             std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras);
+  ~NativePlan();
+  NativePlan(const NativePlan&) = delete;
+  NativePlan& operator=(const NativePlan&) = delete;
+
+  int device() const { return device_; }
+  uint64_t serial() const { return serial_; }
+  int64_t workspace_size() const { return extras_.fe_workspace_size + engine_workspace_size_; }
+  const std::vector<OperandLayout>& outputs() const { return outputs_; }
+  int64_t last_used_ns() const { return last_used_ns_.load(std::memory_order_relaxed); }
+
+  bool matches(at::TensorList inputs) const;
+  bool matches_outputs(at::TensorList outputs) const;
+
+  // Runs the plan on `handle` (this thread's, for the plan's device, set to `stream`),
+  // with the right context already current.
+  void execute(PooledCudnnHandle* handle, cudaStream_t stream, at::TensorList inputs, at::TensorList outputs) const;
+
+  // Plans alive in the process: in the table, executing, or kept by a CUDA graph.
+  static int64_t alive();
+
+ private:
+  void mark_used() const;
+
+  int device_;
+  std::vector<int64_t> operand_uids_;  // inputs then outputs
+  std::vector<OperandLayout> inputs_;
+  std::vector<OperandLayout> outputs_;
+  PlanExtras extras_;
+  std::vector<int64_t> pack_uids_;       // operands, by-value scalars, workspace tensors, replacements
+  std::vector<int64_t> by_value_storage_;  // the scalars' bytes, 8-byte aligned slots
+  std::vector<std::pair<size_t, int64_t>> replacement_sources_;  // pack index of the source, offset
+  cudnnBackendDescriptor_t plan_ = nullptr;
+  int64_t engine_workspace_size_ = 0;
+  uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
+  mutable std::atomic<int64_t> last_used_ns_{0};
+};
+
+// A backend execution plan from its JSON representation, finalized with `handle` (so
+// for that handle's device). The caller owns the descriptor.
+cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle);
+
+// The native plans, by graph id. Thread-safe; lookups take a shared lock.
+class NativePlanTable {
+ public:
+  static NativePlanTable& instance();
+
+  void add(int64_t graph, std::shared_ptr<const NativePlan> plan);
+  bool remove(int64_t graph, uint64_t serial);
+  // The plan of `graph` built for exactly these inputs (device, layouts, alignment), or null.
+  std::shared_ptr<const NativePlan> find(int64_t graph, at::TensorList inputs) const;
+  size_t size() const;
+  // serial -> when each plan in the table last ran (steady_clock ns; 0 = never).
+  std::map<uint64_t, int64_t> last_used() const;
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<int64_t, std::vector<std::shared_ptr<const NativePlan>>> plans_;
+};
+
+}  // namespace torch_cudnn_handle::native

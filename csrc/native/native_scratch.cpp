@@ -1,0 +1,120 @@
+#include "native/native_scratch.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "backend/cudnn_library.h"
+
+namespace torch_cudnn_handle::native {
+namespace {
+
+constexpr size_t kMaxWorkspacesPerHandle = 4;
+
+// From torch's caching allocator, on `device`'s current stream. The allocator serves
+// the current device, and the dispatcher sets none for a custom op's kernel.
+c10::DataPtr allocate_on(int device, int64_t bytes) {
+  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  return c10::cuda::CUDACachingAllocator::get()->allocate(static_cast<size_t>(bytes));
+}
+
+// Whether the caching allocator placed `pointer` in a private pool (a CUDA graph's,
+// cudagraph trees', torch.cuda.use_mem_pool's) rather than the default one. Asked
+// only when a cached workspace is (re)allocated, so the snapshot's cost is rare.
+bool in_private_pool(const void* pointer) {
+  const auto address = reinterpret_cast<size_t>(pointer);
+  const auto snapshot = c10::cuda::CUDACachingAllocator::snapshot();
+  for (const auto& segment : snapshot.segments) {
+    if (address >= segment.address && address < segment.address + segment.total_size) {
+      return segment.owner_private_pool_id != decltype(segment.owner_private_pool_id){0, 0};
+    }
+  }
+  return true;  // not found: keep nothing we cannot place
+}
+
+}  // namespace
+
+NativeScratch& NativeScratch::of(PooledCudnnHandle* handle) {
+  if (handle->consumer_state == nullptr) {
+    handle->consumer_state = new NativeScratch();  // lives as long as the handle: forever
+  }
+  return *static_cast<NativeScratch*>(handle->consumer_state);
+}
+
+// The rules: during a capture, a block from the caching allocator (the graph's pool)
+// for this call only, so replays own their workspace. Otherwise the handle's block for
+// this stream, grown when too small: torch keeps cuBLAS workspaces per (handle, stream)
+// the same way, and reuse is stream-ordered because a block is only used on its stream.
+// A stream whose first block landed in a private pool (cudagraph trees' warm-up,
+// torch.cuda.use_mem_pool) gets per-call blocks from then on: a kept block would stay
+// live in someone's pool.
+void* NativeScratch::workspace(int device, cudaStream_t stream, bool capturing, int64_t bytes,
+                               c10::DataPtr& per_call) {
+  if (capturing) {
+    per_call = allocate_on(device, bytes);
+    return per_call.get();
+  }
+  auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const auto& w) { return w.stream == stream; });
+  if (it != workspaces_.end() && it != workspaces_.end() - 1) {
+    std::rotate(it, it + 1, workspaces_.end());
+    it = workspaces_.end() - 1;
+  }
+  if (it == workspaces_.end()) {
+    if (workspaces_.size() == kMaxWorkspacesPerHandle) workspaces_.erase(workspaces_.begin());
+    workspaces_.push_back({stream, c10::DataPtr(), 0, false});
+    it = workspaces_.end() - 1;
+  }
+  if (it->per_call) {
+    per_call = allocate_on(device, bytes);
+    return per_call.get();
+  }
+  if (it->bytes < bytes) {
+    it->memory = c10::DataPtr();  // free first: the allocator may hand the same block back, grown
+    it->bytes = 0;
+    c10::DataPtr memory = allocate_on(device, bytes);
+    if (in_private_pool(memory.get())) {
+      it->per_call = true;
+      per_call = std::move(memory);
+      return per_call.get();
+    }
+    it->memory = std::move(memory);
+    it->bytes = bytes;
+  }
+  return it->memory.get();
+}
+
+cudnnBackendDescriptor_t NativeScratch::variant_pack(uint64_t plan_serial, const std::vector<int64_t>& uids,
+                                                     c10::ArrayRef<void*> pointers, void* workspace) {
+  if (variant_pack_ != nullptr && variant_pack_plan_ == plan_serial && variant_pack_pointers_.size() == pointers.size() + 1 &&
+      std::equal(pointers.begin(), pointers.end(), variant_pack_pointers_.begin()) &&
+      variant_pack_pointers_.back() == workspace) {
+    return variant_pack_;
+  }
+  if (variant_pack_ != nullptr) {
+    backend::cudnn_library().destroy_descriptor(variant_pack_);
+    variant_pack_ = nullptr;
+  }
+  variant_pack_ = make_variant_pack(uids, pointers, workspace);
+  variant_pack_plan_ = plan_serial;
+  variant_pack_pointers_.assign(pointers.begin(), pointers.end());
+  variant_pack_pointers_.push_back(workspace);
+  return variant_pack_;
+}
+
+cudnnBackendDescriptor_t make_variant_pack(const std::vector<int64_t>& uids, c10::ArrayRef<void*> pointers,
+                                           void* workspace) {
+  TORCH_CHECK(uids.size() == pointers.size(), "torch_cudnn_handle: a variant pack needs one pointer per uid");
+  backend::ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const auto count = static_cast<int64_t>(uids.size());
+  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count, pointers.data(),
+                         "setting the variant pack's pointers");
+  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, uids.data(),
+                         "setting the variant pack's uids");
+  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace,
+                         "setting the variant pack's workspace");
+  backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
+  return pack.release();
+}
+
+}  // namespace torch_cudnn_handle::native

@@ -1,0 +1,93 @@
+"""Run in a fresh process by test_semantics_gpu.py: does any call block the host?
+
+Each step queues a long kernel (torch.cuda._sleep) on a fresh stream, makes one call of
+the library on that stream, and records how long the call took on the host and whether
+the stream was still busy when it returned. A call that synchronizes returns only after
+the sleep, with the stream idle. Prints one JSON object: {step: [host_ms, still_busy]}, and
+whether every result matched torch after the streams drained.
+
+    python test/host_sync_probe.py [--detail]
+
+--detail splits the process's first call into its parts (the handle, the build, the first
+launch), to find which one synchronizes.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SLEEP_CYCLES = int(0.4 * 1.98e9)  # ~0.4 s on an H200's clock: far longer than any call here
+
+
+def step(name, fn, results, checks):
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start = time.perf_counter()
+        out = fn()
+        elapsed = (time.perf_counter() - start) * 1e3
+        busy = not stream.query()
+    stream.synchronize()
+    results[name] = [round(elapsed, 3), busy]
+    if out is not None:
+        checks.append((name, out))
+
+
+def main(detail: bool) -> int:
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # torch's own first use (context, allocator) is not ours to judge
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    import torch_cudnn_handle as tch
+    from graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
+
+    def linear_gelu(graph, x, w, b):
+        return graph.gelu(graph.add(graph.matmul(x, w), b))
+
+    gid = tch.register_graph(linear_gelu, name="probe_linear_gelu")
+    python_gid = tch.register_graph(linear_gelu, name="probe_linear_gelu_python_path")
+    x, w, b = linear_inputs(4, 64, 32, 16)
+    torch.cuda.synchronize()  # the inputs are ready before any busy stream reads them
+    reference = torch.nn.functional.gelu(torch.matmul(x.float(), w.float()) + b.float())
+    results, checks = {}, []
+    if detail:
+        step("handle (cudnnCreate)", lambda: tch.current_handle(0) and None, results, checks)
+        key = tuple((t.shape, t.stride(), t.dtype) for t in (x, w, b))
+        step("build + native registration", lambda: tch.registry._registry.built_graph(gid, 0, [x, w, b], key) and None, results, checks)
+        step("first launch (native)", lambda: torch.ops.cudnn_fe.execute(gid, [x, w, b])[0], results, checks)
+    else:
+        step("first call (native)", lambda: torch.ops.cudnn_fe.execute(gid, [x, w, b])[0], results, checks)
+    step("second call (native)", lambda: torch.ops.cudnn_fe.execute(gid, [x, w, b])[0], results, checks)
+    step("tch.execute", lambda: tch.execute(gid, [x, w, b])[0], results, checks)
+    out = torch.empty_like(reference, dtype=x.dtype)
+    step("execute.out", lambda: tch.execute_out(gid, [x, w, b], out=[out]) or out, results, checks)
+    tch.set_native_path(False)
+    step("first call (Python path)", lambda: torch.ops.cudnn_fe.execute(python_gid, [x, w, b])[0], results, checks)
+    step("second call (Python path)", lambda: torch.ops.cudnn_fe.execute(python_gid, [x, w, b])[0], results, checks)
+    tch.set_native_path(True)
+    trained = []
+
+    def forward_backward():  # both queued behind the sleep: the backward runs on the forward's stream
+        inputs = [t.detach().requires_grad_() for t in linear_inputs(2, 64, 32, 16, seed=3)]
+        y = torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)[0]
+        y.float().sum().backward()
+        trained.append((inputs, y))
+
+    step("forward + backward (first)", forward_backward, results, checks)
+    step("forward + backward (second)", forward_backward, results, checks)
+    torch.cuda.synchronize()
+    ok = all(torch.allclose(out.float(), reference, atol=2e-2, rtol=2e-2) for _, out in checks)
+    (first, y), (second, _) = trained
+    ok = ok and all(torch.equal(a.grad, b.grad) for a, b in zip(first, second))
+    ok = ok and torch.allclose(y.float(), linear_relu_reference(*first).float(), atol=2e-2, rtol=2e-2)
+    print(json.dumps({"steps": results, "results_match": bool(ok)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main("--detail" in sys.argv))
