@@ -74,3 +74,41 @@ def test_a_graph_without_backward_says_so_at_backward_time():
 def test_cache_capacity_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
         tch.set_cache_capacity(0)
+
+
+def test_an_empty_input_list_is_named():
+    for call in (lambda: torch.ops.cudnn_fe.execute(LINEAR_RELU, []), lambda: tch.execute(LINEAR_RELU, [])):
+        with pytest.raises(ValueError, match="got no input tensors; pass at least one CUDA tensor"):
+            call()
+    with pytest.raises(ValueError, match="got no input tensors"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [], out=[])
+
+
+def test_inputs_on_several_devices_are_refused_even_when_one_is_meta():
+    x, w, b = _meta_linear_inputs()
+    for inputs in ([x, w.to("meta"), b], [x.to("meta"), w, b.to("meta")]):
+        with pytest.raises(ValueError, match="more than one device"):
+            torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+
+
+@pytest.mark.parametrize("dtype, words", [(torch.complex64, "complex64, which a cuDNN graph cannot take"), (torch.int32, "no floating-point input")])
+def test_a_dtype_a_graph_cannot_take_fails_at_trace_time(dtype, words):
+    inputs = [t.to("meta", dtype) for t in _meta_linear_inputs()]
+    with pytest.raises(ValueError, match=words):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+
+
+def test_out_refuses_autograd_and_bumps_versions_on_meta():
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    out = torch.empty(2, 16, 8, dtype=torch.half, device="meta")
+    with pytest.raises(RuntimeError, match=r"don't support automatic differentiation, but inputs\[0\] requires grad"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.requires_grad_(), w, b], out=[out])
+    version = out._version
+    torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.detach(), w, b], out=[out])
+    assert out._version == version + 1
+    saved = torch.empty(2, 16, 8, dtype=torch.half, device="meta")
+    a = torch.empty(2, 16, 8, dtype=torch.half, device="meta", requires_grad=True)
+    loss = (a * saved).sum()
+    torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.detach(), w, b], out=[saved])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

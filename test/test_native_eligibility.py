@@ -1,11 +1,13 @@
-"""The decoder of the frontend's serialized graphs (UBJSON), which the native path reads
-the backend plan from. Byte strings below are UBJSON as nlohmann::json::to_ubjson writes it."""
+"""What the native path reads from the frontend's serialized graphs: the UBJSON decoder
+(byte strings below are UBJSON as nlohmann::json::to_ubjson writes it) and which plans
+qualify to run from C++."""
 
+import re
 import struct
 
 import pytest
 
-from torch_cudnn_handle.native import decode_ubjson
+from torch_cudnn_handle.native import backend_plan_of, decode_ubjson
 
 
 def key(text: str) -> bytes:
@@ -55,3 +57,80 @@ def test_optimized_containers():
 def test_an_unknown_marker_is_an_error():
     with pytest.raises(ValueError, match="unknown marker"):
         decode_ubjson(b"[X]")
+
+
+# ---------------------------------------------------------------------------------
+# Which serialized plans run natively: an allowlist of the document's fields.
+
+
+def encode(value) -> bytes:
+    """UBJSON as nlohmann::json::to_ubjson writes the types used here."""
+    if isinstance(value, bool):
+        return b"T" if value else b"F"
+    if isinstance(value, int):
+        return b"L" + struct.pack(">q", value)
+    if isinstance(value, str):
+        return b"SL" + struct.pack(">q", len(value.encode())) + value.encode()
+    if isinstance(value, list):
+        return b"[" + b"".join(encode(v) for v in value) + b"]"
+    if isinstance(value, dict):
+        return b"{" + b"".join(b"L" + struct.pack(">q", len(k)) + k.encode() + encode(v) for k, v in value.items()) + b"}"
+    raise TypeError(value)
+
+
+class SerializedGraph:
+    """Stands in for a built pygraph: what backend_plan_of reads (no GPU needed)."""
+
+    selected_engine = None
+
+    def __init__(self, document):
+        self.blob = encode(document)
+
+    def serialize(self, as_bytes):
+        return self.blob
+
+
+def document(**changes):
+    base = {
+        "json_version": "1.0", "context": {"name": "g"}, "nodes": [], "tensors": {}, "behavior_notes": [],
+        "cudnn_backend_version": "9.19.0", "cudnn_frontend_version": 13200, "cudnn_backend_data": '{"plan":1}',
+        "variant_pack_uids": [1, 2, 3], "pass_by_values": {}, "workspace_modifications": {},
+        "variant_pack_replacements": [], "fe_workspace_size": 0, "tensors_to_dump": [],
+    }
+    base.update(changes)
+    return base
+
+
+def test_a_plain_backend_plan_runs_natively():
+    spec, why = backend_plan_of(SerializedGraph(document()), (1, 2, 3))
+    assert spec is not None and spec.plan_json == '{"plan":1}' and why == "backend plan"
+
+
+def test_what_the_frontend_adds_per_call_is_carried_over():
+    doc = document(
+        variant_pack_uids=[1, 2, 3, 7, 8],
+        pass_by_values={"7": {"index": 3, "value": "3E000000"}},  # float 0.125, as the frontend writes it
+        workspace_modifications={"8": [1, 0, ["44800000"]]},  # zero 1024 bytes at offset 0
+        fe_workspace_size=1024,
+    )
+    spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
+    assert spec is not None, why
+    assert spec.by_value == ((7, struct.pack("<f", 0.125)),)
+    assert spec.workspace_tensors == ((8, 0, 1024),) and spec.fe_workspace_size == 1024
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"json_version": "2.0"}, "json_version '2.0'"),
+        ({"a_new_field": 1}, "fields the native path does not know: \\['a_new_field'\\]"),
+        ({"workspace_modifications": {"8": [0, 0, ["3F800000"]]}, "variant_pack_uids": [1, 2, 3, 8]}, "workspace_modifications of kind 0"),
+        ({"tensors_to_dump": [[1, "t"]]}, "tensors_to_dump"),
+        ({"variant_pack_uids": [1, 2]}, "not exactly the op's operands"),
+        ({"cudnn_backend_data": ""}, "no backend plan"),
+    ],
+)
+def test_anything_else_keeps_the_python_path_and_says_why(changes, reason):
+    spec, why = backend_plan_of(SerializedGraph(document(**changes)), (1, 2, 3))
+    assert spec is None
+    assert re.search(reason, why), why

@@ -4,10 +4,12 @@ When the registry builds a graph whose selected plan is served by the cuDNN back
 (every plan on sm90), it hands the plan to the extension here; the CUDA kernel of
 ``cudnn_fe.execute`` then runs it directly: dispatcher -> pooled handle -> stream ->
 context check -> ``cudnnBackendExecute``. Plans served by the frontend's Python
-engines (frost), and backend plans that need the frontend's per-call help
-(pass-by-value scalars, workspace modifications, variant-pack replacements, frontend
-workspace), keep the Python path. The choice is per built graph and visible
-(``BuiltGraph.native``, ``registry_stats()['native']``).
+engines (frost) keep the Python path. What the frontend adds to a backend plan's call
+(pass-by-value scalars such as an attention scale, workspace tensors it zeroes such as
+an attention backward's accumulator, pointer replacements) the native path adds too;
+what it cannot (workspace tensors filled with copied data, tensor dumps, a serialized
+format it does not know) keeps the Python path. The choice is per built graph and
+visible (``BuiltGraph.native``, ``path_reason``, ``registry_stats()``).
 
 How the plan crosses over, and why that is safe: ``pygraph.serialize()`` of a backend
 plan is the frontend's documented serialized form (UBJSON, written by its C++
@@ -22,10 +24,11 @@ cudnn_frontend copies (the wheel's, libtorch_cuda's) the dynamic linker binds.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any, Optional, Tuple
 
-__all__ = ["decode_ubjson", "backend_plan_of"]
+__all__ = ["decode_ubjson", "backend_plan_of", "NativePlanSpec"]
 
 _FIXED = {
     ord("i"): struct.Struct(">b"),
@@ -116,24 +119,99 @@ def decode_ubjson(data: bytes) -> Any:
     return _Reader(bytes(data)).value()
 
 
-def backend_plan_of(graph, uids: Tuple[int, ...]) -> Tuple[Optional[str], str]:
-    """``(plan_json, why)``: the backend plan's JSON when ``graph``'s selected plan can
-    run natively with exactly the operands ``uids`` and nothing else, else
-    ``(None, the reason)``."""
+# What the frontend's serialized graph (``Graph::serialize``, json_version 1.0) may
+# hold for a plan to run natively. Keys that only describe the graph, and keys whose
+# per-call meaning the native path implements (``NativePlanSpec``). Any other key, or
+# another json_version, means a frontend this was not written for: the Python path.
+_JSON_VERSIONS = frozenset({"1.0"})
+_DESCRIPTIVE_KEYS = frozenset(
+    {"context", "json_version", "cudnn_backend_version", "cudnn_frontend_version", "nodes", "tensors", "behavior_notes", "cudnn_backend_data", "variant_pack_uids"}
+)
+_PER_CALL_KEYS = frozenset({"pass_by_values", "workspace_modifications", "variant_pack_replacements", "fe_workspace_size", "tensors_to_dump"})
+
+# pass_by_values_t = std::variant<int64_t, int32_t, half, float, double, nv_bfloat16>:
+# serialized as {"index": i, "value": v}; float, half and bf16 values as float32 bit
+# patterns in hex (the frontend's adl_serializer<float>).
+_BY_VALUE_FORMATS = {0: "int64", 1: "int32", 2: "half", 3: "float", 4: "double", 5: "bfloat16"}
+_WORKSPACE_MEMSET = 1  # workspace_modifications kind: zero `size` bytes at the offset (0 = copy floats: not native)
+
+
+@dataclasses.dataclass(frozen=True)
+class NativePlanSpec:
+    """Everything ``_C.native_register`` needs besides the layouts: the backend plan's
+    JSON and what the frontend would otherwise add to each call."""
+
+    plan_json: str
+    by_value: Tuple[Tuple[int, bytes], ...] = ()  # uid, the scalar's bytes
+    fe_workspace_size: int = 0  # the frontend's region at the start of the workspace
+    workspace_tensors: Tuple[Tuple[int, int, int], ...] = ()  # uid, offset, bytes zeroed before each call
+    replacements: Tuple[Tuple[int, int, int], ...] = ()  # uid, source uid, byte offset
+
+
+def _float_bits(value) -> float:
+    return struct.unpack("<f", struct.pack("<I", int(value, 16)))[0] if isinstance(value, str) else float(value)
+
+
+def _by_value_bytes(entry) -> bytes:
+    kind, value = _BY_VALUE_FORMATS[int(entry["index"])], entry["value"]
+    if kind == "int64":
+        return struct.pack("<q", int(value))
+    if kind == "int32":
+        return struct.pack("<i", int(value))
+    if kind == "double":
+        return struct.pack("<d", float(value))
+    as_float = _float_bits(value)
+    if kind == "float":
+        return struct.pack("<f", as_float)
+    if kind == "half":
+        return struct.pack("<e", as_float)
+    return struct.pack("<f", as_float)[2:]  # bfloat16: the float32's high half (bf16 values are exact floats)
+
+
+def backend_plan_of(graph, uids: Tuple[int, ...]) -> Tuple[Optional[NativePlanSpec], str]:
+    """``(spec, why)``: what ``_C.native_register`` needs when ``graph``'s selected plan
+    can run natively with the operands ``uids`` and what the frontend adds per call,
+    else ``(None, the reason)``."""
     if getattr(graph, "selected_engine", None) is not None:
         return None, f"served by the frontend's Python engine {graph.selected_engine.name!r}"
     try:
         document = decode_ubjson(graph.serialize(as_bytes=True))
     except Exception as error:  # noqa: BLE001 -- a graph the frontend cannot serialize keeps the Python path
         return None, f"not serializable ({type(error).__name__}: {error})"
-    for field in ("pass_by_values", "workspace_modifications", "variant_pack_replacements"):
-        if document.get(field):
-            return None, f"needs the frontend per call ({field})"
-    if document.get("fe_workspace_size", 0):
-        return None, "needs the frontend per call (fe_workspace_size)"
-    if sorted(document.get("variant_pack_uids", ())) != sorted(uids):
-        return None, "its variant pack is not exactly the op's operands"
+    if document.get("json_version") not in _JSON_VERSIONS:
+        return None, f"serialized with json_version {document.get('json_version')!r}, not one of {sorted(_JSON_VERSIONS)}"
+    unknown = sorted(set(document) - _DESCRIPTIVE_KEYS - _PER_CALL_KEYS)
+    if unknown:
+        return None, f"the serialized plan has fields the native path does not know: {unknown}"
     plan_json = document.get("cudnn_backend_data")
     if not isinstance(plan_json, str) or not plan_json:
         return None, "no backend plan in the serialized graph"
-    return plan_json, "backend plan"
+    if document.get("tensors_to_dump"):
+        return None, "needs the frontend per call (tensors_to_dump)"
+    try:
+        by_value = tuple((int(uid), _by_value_bytes(entry)) for uid, entry in (document.get("pass_by_values") or {}).items())
+    except (KeyError, TypeError, ValueError, struct.error) as error:
+        return None, f"a pass-by-value scalar the native path cannot read ({type(error).__name__}: {error})"
+    workspace_tensors = []
+    for uid, (kind, offset, data) in (document.get("workspace_modifications") or {}).items():
+        if kind != _WORKSPACE_MEMSET:
+            return None, f"needs the frontend per call (workspace_modifications of kind {kind})"
+        workspace_tensors.append((int(uid), int(offset), int(_float_bits(data[0]))))
+    replacements = tuple(
+        (int(uid), int(source), int(offset)) for uid, (source, offset) in _replacement_items(document.get("variant_pack_replacements"))
+    )
+    extra_uids = {uid for uid, _ in by_value} | {uid for uid, _, _ in workspace_tensors} | {uid for uid, _, _ in replacements}
+    pack_uids = set(document.get("variant_pack_uids", ()))  # with or without the frontend's own tensors
+    if set(uids) & extra_uids or pack_uids not in (set(uids), set(uids) | extra_uids):
+        return None, "its variant pack is not exactly the op's operands and the frontend's per-call tensors"
+    spec = NativePlanSpec(plan_json, by_value, int(document.get("fe_workspace_size", 0) or 0), tuple(workspace_tensors), replacements)
+    return spec, "backend plan"
+
+
+def _replacement_items(replacements):
+    """variant_pack_replacements: {uid: [source uid, offset]} (an unordered_map of pairs),
+    which nlohmann may also write as [[uid, [source, offset]], ...]."""
+    if not replacements:
+        return []
+    items = replacements.items() if isinstance(replacements, dict) else replacements
+    return [(uid, tuple(value)) for uid, value in items]

@@ -51,7 +51,7 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
                 f"cuda:{device}, input {i} on {where}); put them all on the device the graph should run on."
             )
     if device is None:
-        raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph_id)} got no input tensors")
+        raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph_id)} got no input tensors; pass at least one CUDA tensor")
     return device
 
 
@@ -70,8 +70,30 @@ def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor]):
 
 def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
     handle = current_handle(built.device)
+    if torch.cuda.is_current_stream_capturing():
+        _C.keep_alive_while_captured(built)  # its plan (a frost plan's kernels too) outlives any eviction
     workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=inputs[0].device) if built.workspace_size else None
-    built.graph.execute([*inputs, *outputs], workspace, handle=handle, tensor_uids=built.uids)
+    built.graph.execute([*_aligned(inputs), *outputs], workspace, handle=handle, tensor_uids=built.uids)
+
+
+# Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,
+# and cuDNN's kernels assume it: a 2-byte aligned view failed with
+# CUDNN_STATUS_EXECUTION_FAILED_CUBLAS). A view that is not aligned is staged through an
+# aligned copy of the same layout, on the current stream; the native kernel sends such
+# calls here.
+_ALIGNMENT = 16
+
+
+def _is_aligned(tensor: torch.Tensor) -> bool:
+    return tensor.data_ptr() % _ALIGNMENT == 0
+
+
+def _aligned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device).copy_(tensor)
+
+
+def _aligned(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    return [t if _is_aligned(t) else _aligned_copy(t) for t in tensors]
 
 
 def _empty_outputs(layout, device) -> List[torch.Tensor]:
@@ -97,16 +119,36 @@ def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch
                 f"{tensor.device}, but the graph writes {spec.describe()} on {inputs[0].device}; allocate it with "
                 "torch.empty_strided(shape, stride, dtype=..., device=...)."
             )
-    _launch(built, inputs, out)
+    staged = _aligned(out)
+    _launch(built, inputs, staged)
+    for target, written in zip(out, staged):
+        if written is not target:
+            target.copy_(written)
 
 
-def _refuse_cpu(graph: int, inputs: List[torch.Tensor], **_kwargs):
-    _inputs_device(graph, inputs)  # names the first non-CUDA input
+def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
+    """Every dispatch that reaches no CUDA kernel: CPU tensors, another backend, or no
+    tensor at all (the dispatcher's Undefined slot, which CompositeExplicitAutograd fills)."""
+    _inputs_device(graph, inputs)  # names the first non-CUDA input, or the empty list
     raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} needs CUDA inputs")
 
 
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
+    _one_device(graph, inputs)
     return _registry.layout(graph, tuple(TensorSpec.of(t) for t in inputs))
+
+
+def _one_device(graph: int, tensors: Sequence[torch.Tensor]) -> None:
+    """Fake and meta tensors keep their device: a trace refuses what a real call would
+    (no input, inputs on several devices) instead of describing outputs for it."""
+    if not tensors:
+        raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} got no input tensors; pass at least one CUDA tensor")
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise ValueError(
+            f"cudnn_fe.execute: inputs of graph {_graph_label(graph)} are on more than one device ({', '.join(devices)}); "
+            "put them all on the device the graph should run on."
+        )
 
 
 def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
@@ -114,7 +156,8 @@ def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
-    _layout_for_fake(graph, inputs)  # an unknown id or a bad arity fails at trace time too
+    _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
+    _one_device(graph, [*inputs, *out])
     return None
 
 
@@ -149,8 +192,9 @@ def _run_backward_graph(forward, grads, inputs, outputs):
 
 _C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward)
 _lib = torch.library.Library("cudnn_fe", "IMPL")
-_lib.impl("execute", _refuse_cpu, "CPU")
-_lib.impl("execute.out", _refuse_cpu, "CPU")
+for _key in ("CPU", "CompositeExplicitAutograd"):
+    _lib.impl("execute", _refuse_non_cuda, _key)
+    _lib.impl("execute.out", _refuse_non_cuda, _key)
 torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
 

@@ -28,13 +28,14 @@ import inspect
 import itertools
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import cudnn
 import torch
 from cudnn.datatypes import torch_to_cudnn_data_type
 
-from . import _C
+from . import _C, plan_tuning
 from .build_scope import build_scope
 from .native import backend_plan_of
 
@@ -96,6 +97,10 @@ class BuiltGraph:
     workspace_size: int
     native: bool = False  # cudnn_fe.execute runs it from C++ (native.py)
     path_reason: str = ""  # why it runs where it runs
+    engine: str = ""  # what serves it: a frost engine's name, or the backend plan's
+    native_serial: int = 0  # the native plan's id in the extension (0: none)
+    plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
+    tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
 
 
 @dataclasses.dataclass
@@ -109,14 +114,30 @@ class _Definition:
     backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
+    tune: Optional[bool] = None  # time the candidate plans (plan_tuning.py); None: the process-wide setting
 
 
 # ---------------------------------------------------------------------------------
 # Describing and building one graph
 
 
-def _floating_dtype(specs: Sequence[TensorSpec]) -> torch.dtype:
-    return next((s.dtype for s in specs if s.dtype.is_floating_point), torch.float32)
+def _io_dtype(definition: "_Definition", specs: Sequence[TensorSpec]) -> torch.dtype:
+    """The graph's io type: its first floating-point input's dtype. Refuses what a cuDNN
+    graph cannot take, so a trace fails where the GPU build would."""
+    for i, spec in enumerate(specs):
+        if spec.dtype not in _TORCH_DTYPES:
+            raise ValueError(
+                f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {spec.dtype}, which a cuDNN graph cannot "
+                f"take; use one of {', '.join(str(d).replace('torch.', '') for d in _TORCH_DTYPES)}"
+            )
+    floating = next((s.dtype for s in specs if s.dtype.is_floating_point), None)
+    if floating is None:
+        raise ValueError(
+            f"cudnn_fe.execute: graph {definition.name!r} got no floating-point input "
+            f"({', '.join(str(s.dtype).replace('torch.', '') for s in specs)}); its compute type follows the first "
+            "floating-point input, so pass fp16, bf16 or fp32 tensors"
+        )
+    return floating
 
 
 def _validate_description(graph) -> None:
@@ -137,7 +158,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
     """Run the definition's builder on a fresh graph description for ``specs``."""
     graph = cudnn.pygraph(
         name=definition.name,
-        io_data_type=torch_to_cudnn_data_type(_floating_dtype(specs)),
+        io_data_type=torch_to_cudnn_data_type(_io_dtype(definition, specs)),
         intermediate_data_type=cudnn.data_type.FLOAT,
         compute_data_type=cudnn.data_type.FLOAT,
         handle=handle,
@@ -175,17 +196,59 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
 def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool) -> BuiltGraph:
     with build_scope(device) as handle:
         graph, inputs, outputs, layout = _describe(definition, specs, handle)
-        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        workspace = int(graph.get_workspace_size())
         uids = tuple(t.uid for t in inputs + outputs)
-        native, reason = False, "native path disabled"
+        choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
+            graph,
+            tune=definition.tune,
+            device=device,
+            handle=handle,
+            input_specs=_layouts(specs),
+            output_specs=_layouts(layout.outputs),
+            uids=uids,
+            name=definition.name,
+            fresh_graph=lambda: _describe(definition, specs, handle)[0],
+        )
+        _check_built_layout(definition, outputs, layout)
+        workspace = int(graph.get_workspace_size())
+        engine = _engine_of(graph)
+        native, serial, reason = False, 0, "native path disabled"
         if native_enabled:
-            plan_json, reason = backend_plan_of(graph, uids)
-            if plan_json is not None:
-                # Deserialized here, inside the build scope, with this thread's handle for the device.
-                _C.native_register(definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids), plan_json.encode("utf-8"))
-                native, reason = True, "backend plan, run from C++"
-    return BuiltGraph(graph, device, specs, layout, uids, workspace, native, reason)
+            spec, reason = backend_plan_of(graph, uids)
+            if spec is not None:
+                try:  # deserialized here, inside the build scope, with this thread's handle for the device
+                    serial, _ = _C.native_register(
+                        definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids), spec.plan_json.encode("utf-8"),
+                        by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
+                        workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
+                    )
+                    native, reason = True, "backend plan, run from C++"
+                except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
+                    reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
+    return BuiltGraph(graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice)
+
+
+def _engine_of(graph) -> str:
+    """What serves the graph's selected plan: a frost (Python) engine's name, or the backend plan's."""
+    engine = getattr(graph, "selected_engine", None)
+    if engine is not None:
+        return f"frost:{engine.name}"
+    try:
+        return f"backend:{graph.get_plan_name_at_index(graph._plan_index)}"
+    except Exception:  # noqa: BLE001 -- a name is a report, never a reason to fail a build
+        return "backend"
+
+
+def _check_built_layout(definition: _Definition, outputs, layout: GraphLayout) -> None:
+    """The op allocates outputs from the description (and the fake kernel reports it);
+    the build must write exactly that, or results would land in the wrong layout."""
+    for i, (tensor, expected) in enumerate(zip(outputs, layout.outputs)):
+        written = (tuple(tensor.dim), tuple(tensor.stride), _TORCH_OF_CUDNN.get(tensor.data_type))
+        if written != (expected.shape, expected.stride, expected.dtype):
+            raise ValueError(
+                f"graph {definition.name!r}: the build writes output {i} as {written[2]}{list(written[0])} stride "
+                f"{list(written[1])}, but its description said {expected.describe()}; declare the output's layout "
+                "in the builder (tensor.set_dim(...).set_stride(...).set_data_type(...))"
+            )
 
 
 def _layouts(specs: Sequence[TensorSpec]) -> list:
@@ -210,8 +273,8 @@ class GraphRegistry:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._definitions: Dict[int, _Definition] = {}
-        self._backward_ids: Dict[Tuple[int, int, int], int] = {}
         self._built: "collections.OrderedDict[tuple, BuiltGraph]" = collections.OrderedDict()
+        self._used_ns: Dict[tuple, int] = {}  # when the Python side last served each key
         self._in_flight: Dict[tuple, _InFlightBuild] = {}
         self._layouts: "collections.OrderedDict[tuple, GraphLayout]" = collections.OrderedDict()
         self.capacity = capacity
@@ -229,7 +292,7 @@ class GraphRegistry:
             self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
             return graph_id
 
-    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, **params) -> int:
+    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, tune=None, **params) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
         for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands), ("backward_fn", backward_fn)):
@@ -242,7 +305,7 @@ class GraphRegistry:
         name = name or getattr(builder, "__name__", "graph")
         backward_id = None
         if backward is not None:
-            backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward)))
+            backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune))
         return self._add(
             dict(
                 name=name,
@@ -252,6 +315,7 @@ class GraphRegistry:
                 backward_id=backward_id,
                 backward_operands=backward_operands or _default_backward_operands,
                 backward_fn=backward_fn,
+                tune=tune,
             )
         )
 
@@ -295,6 +359,7 @@ class GraphRegistry:
     def layout(self, graph_id: int, specs: Tuple[TensorSpec, ...]) -> GraphLayout:
         definition = self.definition(graph_id)
         if definition.built is not None:
+            _check_built_graph_specs(definition, specs)
             return definition.built.layout
         _check_arity(definition, len(specs))
         key = (graph_id, specs)
@@ -317,7 +382,7 @@ class GraphRegistry:
         with self._lock:
             built = self._built.get(key)
             if built is not None:
-                self._built.move_to_end(key)
+                self._used_ns[key] = time.monotonic_ns()
                 self.counters["hits"] += 1
                 return built
         definition = self.definition(graph_id)
@@ -349,6 +414,8 @@ class GraphRegistry:
                     f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
                     "which a build cannot be part of. Warm up before capture: run the same call once outside it."
                 )
+            if _C.with_cuda:
+                _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
             built = _build(definition, device, specs, self.native_enabled)
         except BaseException as error:
             flight.error = error
@@ -359,15 +426,32 @@ class GraphRegistry:
         with self._lock:
             self.counters["builds"] += 1
             self._built[key] = built
-            while len(self._built) > self.capacity:
-                (graph_id, evicted_device, _), evicted = self._built.popitem(last=False)
-                self.counters["evictions"] += 1
-                if evicted.native:
-                    _C.native_forget(graph_id, evicted_device, _layouts(evicted.inputs))
+            self._used_ns[key] = time.monotonic_ns()
+            self._evict_over_capacity()
             del self._in_flight[key]
         flight.result = built
         flight.done.set()
         return built
+
+    def _evict_over_capacity(self) -> None:
+        """Drop the least recently used built graphs beyond capacity (lock held). A native
+        call never comes through here, so its plan's use is read from the extension (same
+        monotonic clock). A CUDA graph that captured a call keeps what it needs alive on
+        its own (_C.keep_alive_while_captured), so eviction never breaks a replay."""
+        if len(self._built) <= self.capacity:
+            return
+        native_used = _C.native_last_used() if any(built.native for built in self._built.values()) else {}
+
+        def last_use(item):
+            key, built = item
+            return max(self._used_ns[key], native_used.get(built.native_serial, 0))
+
+        while len(self._built) > self.capacity:
+            key, evicted = min(self._built.items(), key=last_use)
+            del self._built[key], self._used_ns[key]
+            self.counters["evictions"] += 1
+            if evicted.native:
+                _C.native_forget(key[0], evicted.native_serial)
 
     def stats(self) -> dict:
         with self._lock:
@@ -377,6 +461,7 @@ class GraphRegistry:
                 cached=len(self._built),
                 native=native,
                 python_path=len(self._built) - native,
+                engines=dict(collections.Counter(built.engine for built in self._built.values())),
                 capacity=self.capacity,
                 definitions=len(self._definitions),
             )
@@ -423,16 +508,19 @@ def _check_built_graph_inputs(definition: _Definition, device: int, inputs: Sequ
             f"cuda:{device}; a built graph never runs on another device. Move the inputs, or register a builder "
             "(register_graph) so the graph is built per device."
         )
-    _check_arity(definition, len(inputs))
-    for i, (tensor, expected) in enumerate(zip(inputs, built.inputs)):
-        got = TensorSpec.of(tensor)
+    _check_built_graph_specs(definition, [TensorSpec.of(t) for t in inputs])
+    return built
+
+
+def _check_built_graph_specs(definition: _Definition, specs: Sequence[TensorSpec]) -> None:
+    _check_arity(definition, len(specs))
+    for i, (got, expected) in enumerate(zip(specs, definition.built.inputs)):
         if got != expected:
             raise ValueError(
                 f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {got.describe()}, but the graph was built "
                 f"for {expected.describe()}. Pass a tensor of that layout (e.g. .contiguous() / .to(dtype)), or register "
                 "a builder (register_graph) so a graph is built for each layout."
             )
-    return built
 
 
 _registry = GraphRegistry()
@@ -442,9 +530,13 @@ _registry = GraphRegistry()
 def _drop_built_graphs() -> None:
     """Release the cached graphs while CUDA is still up (atexit runs before interpreter
     teardown), instead of leaving them to the frontend's bindings to report as leaked.
-    Native plans are left to the process's end, like the pool's handles."""
+    Native plans are left to the process's end, like the pool's handles. A child forked
+    after handles existed has no CUDA state to release them into: it leaves them."""
+    if _C.with_cuda and _C.forked_after_handles():
+        return
     with _registry._lock:
         _registry._built.clear()
+        _registry._used_ns.clear()
         _registry._layouts.clear()
         for definition in _registry._definitions.values():
             definition.built = None
@@ -457,6 +549,7 @@ def register_graph(
     backward: Optional[Callable[..., Any]] = None,
     backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None,
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
+    tune: Optional[bool] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -483,7 +576,7 @@ def register_graph(
 
     Either runs on the thread autograd picks, on the forward's device and stream.
     """
-    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn, **params)
+    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn, tune=tune, **params)
 
 
 def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:
@@ -519,4 +612,6 @@ def set_cache_capacity(capacity: int) -> None:
     """Bound the number of built graphs kept (least recently used are evicted first)."""
     if capacity < 1:
         raise ValueError("the built-graph cache needs a capacity of at least 1")
-    _registry.capacity = capacity
+    with _registry._lock:
+        _registry.capacity = capacity
+        _registry._evict_over_capacity()
