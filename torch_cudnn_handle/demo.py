@@ -10,8 +10,11 @@ events.
 Without a GPU (CI): the same block is traced by ``torch.compile(fullgraph=True)``
 on fake CUDA tensors, forward only (a CPU build of torch cannot give fake CUDA
 tensors autograd metadata), with a backend that records the graph AOT autograd
-produces; the demo prints that graph, where every matmul, norm and attention is a
-``torch.ops.cudnn_fe.execute`` node, and which registered graph each id names.
+produces; the demo prints which registered graph each ``torch.ops.cudnn_fe.execute``
+node calls, how often, and that there was no graph break. With ``verbose`` it also
+prints the graph itself, where every matmul, norm and attention is such a node.
+
+Report and demo print label/value rows through ``row``, so their values share one column.
 """
 
 from __future__ import annotations
@@ -25,13 +28,25 @@ import torch
 DIM, HEADS, MLP_RATIO, BATCH, SEQ = 512, 8, 4, 8, 256
 STEPS = 5
 
+LABEL_WIDTH = 28  # the longest label, "torch.ops.cudnn_fe.execute", plus two spaces
 
-def main() -> int:
+
+def row(label: str, value) -> None:
+    """One report line: the label padded to LABEL_WIDTH, then the value."""
+    print(f"  {label:<{LABEL_WIDTH}}{value}")
+
+
+def format_stats(stats: dict) -> str:
+    """A stats dict (pool_stats(), registry_stats()) as "key=value" pairs on one line."""
+    return " ".join(f"{key}={value}" for key, value in stats.items())
+
+
+def main(verbose: bool = False) -> int:
     import torch_cudnn_handle as tch
 
     if torch.cuda.is_available() and tch.with_cuda:
         return _train_and_time()
-    return _trace_without_gpu()
+    return _trace_without_gpu(verbose)
 
 
 # ---------------------------------------------------------------------------------
@@ -50,16 +65,16 @@ def fake_cuda_module(module: torch.nn.Module, fake_mode) -> torch.nn.Module:
     return module
 
 
-def _trace_without_gpu() -> int:
+def _trace_without_gpu(verbose: bool) -> int:
     from torch._dynamo.testing import AotEagerAndRecordGraphs
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .nn import TransformerBlock
     from .registry import graph_name
 
-    print("\ndemo: no CUDA GPU here, so the TransformerBlock is traced instead of trained:")
-    print(f"  torch.compile(TransformerBlock({DIM}, {HEADS}, mlp_ratio={MLP_RATIO}), fullgraph=True) on fake CUDA "
-          f"bf16 tensors [{BATCH}, {SEQ}, {DIM}], forward (nothing is built or run; the op's fake kernel describes each graph)\n")
+    print("\ndemo: no CUDA GPU here, so the TransformerBlock is traced instead of trained")
+    row("traced", f"torch.compile(TransformerBlock({DIM}, {HEADS}, mlp_ratio={MLP_RATIO}), fullgraph=True), forward")
+    row("input", f"fake CUDA bf16 [{BATCH}, {SEQ}, {DIM}]; nothing is built or run (the op's fake kernel describes each graph)")
     torch._dynamo.reset()
     fake_mode = FakeTensorMode()
     block = fake_cuda_module(TransformerBlock(DIM, HEADS, MLP_RATIO, device="meta", dtype=torch.bfloat16), fake_mode)
@@ -69,13 +84,20 @@ def _trace_without_gpu() -> int:
     y = torch.compile(block, fullgraph=True, backend=backend)(x)
     code = backend.fw_graphs[0].print_readable(print_output=False, include_stride=True)
     # The "# File: ..." lines name each op's source line; the graph reads better without them.
-    print("\n".join(line for line in code.splitlines() if line.strip() and not line.strip().startswith("# File:")))
+    graph_lines = [line for line in code.splitlines() if line.strip() and not line.strip().startswith("# File:")]
     ids = [int(i) for i in re.findall(r"torch\.ops\.cudnn_fe\.execute\.default\((\d+),", code)]
-    print(f"{len(backend.fw_graphs)} graph, no graph break; {len(ids)} calls of torch.ops.cudnn_fe.execute, "
-          f"output {list(y.shape)} {y.dtype} on {y.device}. Graph ids:")
+    graphs = len(backend.fw_graphs)
+    row("result", f"{graphs} graph, {'no graph break' if graphs == 1 else 'graph breaks'}; "
+                  f"output {list(y.shape)} {y.dtype} on {y.device}")
+    row("cudnn_fe.execute", f"{len(ids)} calls, {len(set(ids))} graph ids:")
     for graph_id in sorted(set(ids)):
-        print(f"  {graph_id:>3} = {graph_name(graph_id)} (x{ids.count(graph_id)})")
-    return 0 if ids and len(backend.fw_graphs) == 1 else 1
+        row(f"  graph {graph_id}", f"{graph_name(graph_id)} x{ids.count(graph_id)}")
+    if verbose:
+        print("\nthe traced FX graph (AOT autograd, forward):")
+        print("\n".join(graph_lines))
+    else:
+        row("FX graph", f"{len(graph_lines)} lines; --verbose prints it")
+    return 0 if ids and graphs == 1 else 1
 
 
 # ---------------------------------------------------------------------------------
@@ -89,6 +111,7 @@ def _loss(model, x, target):
 def _train(block, reference, dtype) -> bool:
     print(f"\ndemo: TransformerBlock({DIM}, {HEADS}, mlp_ratio={MLP_RATIO}) {str(dtype).replace('torch.', '')}, batch "
           f"{BATCH}x{SEQ}: {STEPS} SGD steps, cuDNN graphs (eager) and plain torch, same initial parameters")
+    row("loss", f"{'cuDNN':>10}{'torch':>10}")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (block, reference)]
     agree = True
     for step in range(1, STEPS + 1):
@@ -103,7 +126,7 @@ def _train(block, reference, dtype) -> bool:
             losses.append(loss.item())
         ok = abs(losses[0] - losses[1]) <= 2e-2 * abs(losses[1])
         agree &= ok
-        print(f"  step {step}/{STEPS}: loss cuDNN {losses[0]:.5f}  torch {losses[1]:.5f}  {'OK' if ok else 'MISMATCH'}")
+        row(f"step {step}/{STEPS}", f"{losses[0]:>10.5f}{losses[1]:>10.5f}  {'OK' if ok else 'MISMATCH'}")
     return agree
 
 
@@ -131,6 +154,8 @@ def _time(candidates, iters: int = 20, warmup: int = 3, rounds: int = 5):
 
 
 def _train_and_time() -> int:
+    import torch_cudnn_handle as tch
+
     from .nn import TransformerBlock, reference_of
 
     dtype = torch.bfloat16
@@ -152,7 +177,7 @@ def _train_and_time() -> int:
 
         return step
 
-    print("\ncompiling both blocks with torch.compile (inductor; a minute or so) ...")
+    print("compiling both blocks with torch.compile (inductor; a minute or so) ...")
     compiled = {name: torch.compile(model, fullgraph=True) for name, model in (("cuDNN", block), ("torch", reference))}
     figures = _time(
         {
@@ -162,14 +187,19 @@ def _train_and_time() -> int:
             "torch compiled": training_step(compiled["torch"]),
         }
     )
-    print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 5 interleaved rounds of 20 steps:\n")
-    print("| block | eager ms/step | compiled ms/step |")
-    print("| --- | ---: | ---: |")
-    for name in ("cuDNN", "torch"):
-        print(f"| {name} | {figures[f'{name} eager']:.3f} | {figures[f'{name} compiled']:.3f} |")
-    print(f"| cuDNN / torch | {figures['cuDNN eager'] / figures['torch eager']:.2f}x | "
-          f"{figures['cuDNN compiled'] / figures['torch compiled']:.2f}x |")
-    import torch_cudnn_handle as tch
-
-    print(f"\nhandle pool: {tch.pool_stats()}\ngraph registry: {tch.registry_stats()}")
+    print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 5 interleaved rounds of 20 steps")
+    for line in timing_rows(figures):
+        row(*line)
+    row("handle pool", format_stats(tch.pool_stats()))
+    row("graph registry", format_stats(tch.registry_stats()))
     return 0 if agree else 1
+
+
+def timing_rows(figures: dict) -> list:
+    """(label, value) rows of the timing table: eager and compiled ms/step of each block, then their ratio."""
+    ratio = {mode: figures[f"cuDNN {mode}"] / figures[f"torch {mode}"] for mode in ("eager", "compiled")}
+    return [
+        ("block", f"{'eager':>10}{'compiled':>10}"),
+        *((name, f"{figures[f'{name} eager']:>10.3f}{figures[f'{name} compiled']:>10.3f}") for name in ("cuDNN", "torch")),
+        ("cuDNN / torch", f"{ratio['eager']:>9.2f}x{ratio['compiled']:>9.2f}x"),
+    ]
