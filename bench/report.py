@@ -1,23 +1,32 @@
 """The benchmark report, in one command on the GPU host:
 
-    python bench/report.py [--quick] [--out bench/results]
+    python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules] [--no-tuned]
 
 writes ``REPORT.md`` (Markdown tables), ``report.png`` (plots) and ``report.json``
-(the raw figures) under ``--out``. Everything in it is measured in this one run,
-every ratio between candidates measured side by side (rounds interleaved, medians;
-the host is noisy: absolute figures of separate runs differ by up to 60%):
+(the raw figures, rewritten after every section) under ``--out``. Everything in it is
+measured in this one run, every ratio between candidates measured side by side
+(rounds interleaved, medians; the host is noisy: absolute figures of separate runs
+differ by up to 60%):
 
 1. host overhead of a call: ``bench_pool.py`` (getting a ready handle, a frontend
    execute through it) and ``bench_op.py`` (``cudnn_fe.execute`` against the
    frontend's own execute, the custom-op pattern, ``torch.bmm``, a CUDA graph replay);
 2. thread scaling: 1, 4, 16 and 64 threads, each on its own stream, each making N
-   calls of ``cudnn_fe.execute`` (a registered matmul), and the same with
-   ``torch.bmm`` of the same size: calls per second, and their ratio;
-3. the ``torch_cudnn_handle.nn`` modules against plain torch, forward + backward:
-   ms per step from CUDA events, cuDNN / torch.
+   calls of ``torch.ops.cudnn_fe.execute`` and of the C++ eager entry ``tch.execute``
+   (a registered matmul), and the same with ``torch.bmm`` of the same size: calls per
+   second, and their ratios to ``torch.bmm``;
+3. the op adds no GPU work: ``gpu_work.py``, GPU ms per call of ``cudnn_fe.execute``
+   against the frontend's ``graph.execute`` of the same built plan, GPU-bound graphs;
+4. the module table: ``modules.py``, every ``torch_cudnn_handle.nn`` module at three
+   sizes, fwd and fwd+bwd, against torch's alternatives and the frontend's own torch
+   ops, ratio library / fastest alternative. It runs twice, each time in its own
+   process with its own baselines: untuned, then with ``TORCH_CUDNN_HANDLE_TUNE=1``
+   and ``TORCH_CUDNN_HANDLE_TUNING_CACHE`` set to a temporary file (``--no-tuned``
+   skips that run).
 
 ``--from-json report.json`` renders REPORT.md and report.png again from saved
-figures, measuring nothing (no GPU needed). Nothing here asserts a time.
+figures, measuring nothing (no GPU needed; reports of earlier versions render too).
+Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -33,12 +42,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List
+import traceback
+from typing import Callable, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # bench_pool, bench_op, timing
+sys.path.insert(0, HERE)  # bench_pool, bench_op, gpu_work, modules, timing
 
 THREAD_COUNTS = (1, 4, 16, 64)
+ERRORS: List[str] = []  # sections that failed in this run, for report.json and REPORT.md
 
 
 # ---------------------------------------------------------------------------------
@@ -54,7 +65,12 @@ def host_overhead(calls: int) -> List[dict]:
         for name, module in (("bench_pool", bench_pool), ("bench_op", bench_op)):
             path = os.path.join(tmp, f"{name}.json")
             print(f"\n## {name}.py --calls {calls}", flush=True)
-            module.main(["--json", path, "--calls", str(calls)])
+            try:
+                module.main(["--json", path, "--calls", str(calls)])
+            except Exception as error:  # noqa: BLE001 -- one failed benchmark does not end the report
+                ERRORS.append(f"{name}.py: {type(error).__name__}: {error}")
+                print(f"{name}.py failed: {type(error).__name__}: {error}", flush=True)
+                continue
             with open(path) as f:
                 rows += [dict(row, source=f"{name}.py") for row in json.load(f)]
     return rows
@@ -131,11 +147,12 @@ def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
         torch.cuda.synchronize()
         candidates = {
             "cudnn_fe.execute": lambda i: torch.ops.cudnn_fe.execute(MATMUL, list(operands[i])),
+            "tch.execute": lambda i: tch.execute(MATMUL, list(operands[i])),
             "torch.bmm": lambda i: torch.bmm(*operands[i]),
         }
         print(f"\n### thread scaling, {size}, {calls_per_thread} calls per thread\n", flush=True)
-        print("| threads | cudnn_fe.execute calls/s | torch.bmm calls/s | cudnn_fe / bmm |")
-        print("| ---: | ---: | ---: | ---: |")
+        print("| threads | cudnn_fe.execute calls/s | tch.execute calls/s | torch.bmm calls/s | cudnn_fe / bmm | tch.execute / bmm |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for threads in THREAD_COUNTS:
             gang = ThreadGang(threads)
             try:
@@ -149,103 +166,73 @@ def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
                 gang.close()
             rate = {name: threads * calls_per_thread / statistics.median(values) for name, values in seconds.items()}
             ratio = rate["cudnn_fe.execute"] / rate["torch.bmm"]
-            print(f"| {threads} | {rate['cudnn_fe.execute']:,.0f} | {rate['torch.bmm']:,.0f} | {ratio:.2f}x |", flush=True)
+            eager_ratio = rate["tch.execute"] / rate["torch.bmm"]
+            print(f"| {threads} | {rate['cudnn_fe.execute']:,.0f} | {rate['tch.execute']:,.0f} | {rate['torch.bmm']:,.0f} | "
+                  f"{ratio:.2f}x | {eager_ratio:.2f}x |", flush=True)
             rows.append(dict(size=size, threads=threads, calls_per_thread=calls_per_thread, op_calls_per_s=rate["cudnn_fe.execute"],
-                             bmm_calls_per_s=rate["torch.bmm"], ratio=ratio))
+                             eager_calls_per_s=rate["tch.execute"], bmm_calls_per_s=rate["torch.bmm"], ratio=ratio, eager_ratio=eager_ratio))
         print("pool:", tch.pool_stats())
     return rows
 
 
 # ---------------------------------------------------------------------------------
-# 3. The nn modules against plain torch, forward + backward
+# 3. The op adds no GPU work (gpu_work.py)
 
 
-def cuda_ms(fn: Callable[[], object], iters: int) -> float:
+def gpu_work(quick: bool) -> List[dict]:
+    import gpu_work as bench_gpu_work
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "gpu_work.json")
+        print("\n## gpu_work.py" + (" --quick" if quick else ""), flush=True)
+        bench_gpu_work.main(["--json", path] + (["--quick"] if quick else []))
+        with open(path) as f:
+            return json.load(f)
+
+
+# ---------------------------------------------------------------------------------
+# 4. The module table (modules.py), untuned and tuned, each in its own process
+
+
+def module_table(quick: bool, tuned_too: bool) -> Tuple[List[dict], Dict[str, dict]]:
+    """Runs ``modules.py`` in a subprocess per run (untuned, then tuned), each with its
+    own torch baselines; returns (all rows, {run: how it ran})."""
     import torch
 
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / iters
+    from modules import TUNE_ENV, TUNING_CACHE_ENV
 
-
-def compare_ms(candidates: Dict[str, Callable[[], object]], iters: int, rounds: int, warmup: int = 3) -> Dict[str, float]:
-    """Median ms per call of each candidate from CUDA events, rounds interleaved."""
-    from timing import compare
-
-    return compare(candidates, calls=iters, warmup=warmup, rounds=rounds, timer=cuda_ms)
-
-
-def training_step(module, x, dy):
-    params = list(module.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        x.grad = None
-        module(x).backward(dy)
-
-    return step
-
-
-def module_steps(iters: int, rounds: int) -> List[dict]:
-    import torch
-
-    from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
-
-    dtype = torch.bfloat16
-    torch.manual_seed(0)
-
-    def leaf(*shape):
-        return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_()
-
-    def rand(*shape):
-        return torch.randn(*shape, device="cuda", dtype=dtype)
-
-    cases = []
-    x = leaf(8, 512, 1024)
-    for activation in ("gelu", None):
-        layer = FusedLinear(1024, 4096, activation, device="cuda", dtype=dtype)
-        cases.append((f"FusedLinear(1024, 4096, {activation!r})", "x [8, 512, 1024]", layer, reference_of(layer), x, rand(8, 512, 4096)))
-    norm = RMSNorm(4096, device="cuda", dtype=dtype)
-    x_norm = leaf(8, 512, 4096)
-    cases.append(("RMSNorm(4096)", "x [8, 512, 4096]", norm, reference_of(norm), x_norm, rand(8, 512, 4096)))
-    attention = Attention(1024, 16, device="cuda", dtype=dtype)
-    x_seq = leaf(4, 1024, 1024)
-    cases.append(("Attention(1024, 16 heads, causal)", "x [4, 1024, 1024]", attention, reference_of(attention), x_seq, rand(4, 1024, 1024)))
-    block = TransformerBlock(1024, 16, mlp_ratio=4, device="cuda", dtype=dtype)
-    cases.append(("TransformerBlock(1024, 16, mlp_ratio=4)", "x [4, 1024, 1024]", block, reference_of(block), x_seq, rand(4, 1024, 1024)))
-
-    rows = []
-    print(f"\n### nn modules, forward + backward, {str(dtype).replace('torch.', '')}, ms per step (CUDA events)\n", flush=True)
-    print("| module | input | cuDNN ms | torch ms | cuDNN / torch |")
-    print("| --- | --- | ---: | ---: | ---: |")
-
-    def record(name, shape, figures):
-        ratio = figures["cudnn"] / figures["torch"]
-        print(f"| {name} | {shape} | {figures['cudnn']:.3f} | {figures['torch']:.3f} | {ratio:.2f}x |", flush=True)
-        rows.append(dict(module=name, input=shape, cudnn_ms=figures["cudnn"], torch_ms=figures["torch"], ratio=ratio))
-
-    for name, shape, module, reference, x_in, dy in cases:
-        record(name, shape, compare_ms({"cudnn": training_step(module, x_in, dy), "torch": training_step(reference, x_in, dy)}, iters, rounds))
-
-    q, k, v = (leaf(4, 16, 1024, 64) for _ in range(3))
-    d_o = rand(4, 16, 1024, 64)
-
-    def attention_step(fn):
-        def step():
-            for t in (q, k, v):
-                t.grad = None
-            fn(q, k, v, True).backward(d_o)
-
-        return step
-
-    record("sdpa (causal)", "q, k, v [4, 16, 1024, 64]", compare_ms({"cudnn": attention_step(sdpa), "torch": attention_step(sdpa_reference)}, iters, rounds))
-    return rows
+    torch.cuda.empty_cache()  # leave the GPU's memory to the child
+    rows: List[dict] = []
+    runs: Dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for tuned in (False, True) if tuned_too else (False,):
+            label = "tuned" if tuned else "untuned"
+            env = dict(os.environ)
+            env.pop(TUNE_ENV, None)
+            env.pop(TUNING_CACHE_ENV, None)
+            if tuned:
+                env[TUNE_ENV] = "1"
+                env[TUNING_CACHE_ENV] = os.path.join(tmp, "plan_tuning.json")  # not created here: the library writes it
+            path = os.path.join(tmp, f"modules_{label}.json")
+            command = [sys.executable, os.path.join(HERE, "modules.py"), "--json", path] + (["--quick"] if quick else [])
+            settings = {name: env.get(name) for name in (TUNE_ENV, TUNING_CACHE_ENV)}
+            print(f"\n## modules.py, {label} ({', '.join(f'{k}={v}' for k, v in settings.items())})", flush=True)
+            began = time.perf_counter()
+            completed = subprocess.run(command, env=env, check=False)
+            info = dict(returncode=completed.returncode, seconds=time.perf_counter() - began,
+                        env={name: (value.replace(tmp, "<tmp>") if value else value) for name, value in settings.items()})
+            if os.path.exists(path):
+                with open(path) as f:
+                    result = json.load(f)
+                rows += result.get("rows", [])
+                info.update(complete=result.get("complete", False), torch=result.get("torch"), gpu=result.get("gpu"))
+            else:
+                info.update(complete=False)
+            runs[label] = info
+            if completed.returncode != 0:
+                ERRORS.append(f"modules.py, {label} run: exit {completed.returncode}" + ("" if info.get("complete") else " (its table is incomplete)"))
+            print(f"modules.py {label}: exit {completed.returncode}, {info['seconds']:.0f} s", flush=True)
+    return rows, runs
 
 
 # ---------------------------------------------------------------------------------
@@ -283,19 +270,16 @@ def machine_facts() -> Dict[str, str]:
     return facts
 
 
-def write_markdown(data: dict, path: str) -> None:
+def _rate(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _x(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
+def _markdown_host_overhead(data: dict) -> List[str]:
     lines = [
-        "# Benchmark report",
-        "",
-        f"Measured {data['date']} with `{data['command']}`. Every figure comes from this one run; each ratio "
-        "compares candidates measured side by side in it (rounds interleaved, medians). Absolute figures of "
-        "separate runs on this host differ by up to 60%: compare ratios, not times, across reports.",
-        "",
-        "## Machine",
-        "",
-        "| fact | value |",
-        "| --- | --- |",
-        *[f"| {key} | {value} |" for key, value in data["machine"].items()],
         "",
         "## 1. Host overhead of one call",
         "",
@@ -311,24 +295,106 @@ def write_markdown(data: dict, path: str) -> None:
             goal = row.get("goal")
             verdict = "" if goal is None else f"<= {goal:g}x: {'met' if row['ratio'] <= goal else 'NOT met'}"
             lines.append(f"| {row['candidate']} | {row['us']:.2f} | {row['ratio']:.2f}x | {verdict} |")
-    lines += [
+    return lines
+
+
+def _markdown_thread_scaling(data: dict) -> List[str]:
+    lines = [
         "",
         "## 2. Thread scaling",
         "",
         "Each of T threads (own CUDA stream, started together) makes N calls; calls per second of all threads "
-        "together, until the last stream is done. `cudnn_fe.execute` runs a registered cuDNN matmul, `torch.bmm` the "
-        "same product.",
+        "together, until the last stream is done. `cudnn_fe.execute` (`torch.ops.cudnn_fe.execute`) and `tch.execute` "
+        "(the C++ eager entry) run a registered cuDNN matmul, `torch.bmm` the same product.",
     ]
     sizes: Dict[str, List[dict]] = {}
     for row in data["thread_scaling"]:
         sizes.setdefault(row["size"], []).append(row)
     for size, rows in sizes.items():
         lines += ["", f"### {size}, N = {rows[0]['calls_per_thread']} calls per thread", "",
-                  "| threads | cudnn_fe.execute calls/s | torch.bmm calls/s | cudnn_fe.execute / torch.bmm |", "| ---: | ---: | ---: | ---: |"]
-        lines += [f"| {r['threads']} | {r['op_calls_per_s']:,.0f} | {r['bmm_calls_per_s']:,.0f} | {r['ratio']:.2f}x |" for r in rows]
-    lines += [
+                  "| threads | cudnn_fe.execute calls/s | tch.execute calls/s | torch.bmm calls/s | cudnn_fe.execute / torch.bmm | "
+                  "tch.execute / torch.bmm |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['threads']} | {_rate(r.get('op_calls_per_s'))} | {_rate(r.get('eager_calls_per_s'))} | {_rate(r.get('bmm_calls_per_s'))} | "
+                  f"{_x(r.get('ratio'))} | {_x(r.get('eager_ratio'))} |" for r in rows]
+    return lines
+
+
+def _kernels_cell(kernels: Dict[str, list]) -> str:
+    return "<br>".join(f"{count:g}x {us:.1f} us `{name[:60]}`" for name, (count, us) in kernels.items()) or "-"
+
+
+def _markdown_gpu_work(data: dict) -> List[str]:
+    lines = [
         "",
-        "## 3. The nn modules against plain torch",
+        "## 3. The op adds no GPU work",
+        "",
+        "`bench/gpu_work.py`: GPU milliseconds per call (CUDA events around N back-to-back calls, median of interleaved "
+        "rounds) of `torch.ops.cudnn_fe.execute` and of the frontend's own `graph.execute` of the same built plan "
+        "(the registry's graph, uids and workspace size, on the pooled handle, outputs and workspace preallocated); "
+        "GPU ops per call from torch.profiler (CUDA activity: kernels, memsets, copies).",
+        "",
+        "| graph | path | cudnn_fe.execute GPU ms/call | frontend execute GPU ms/call | op / frontend | GPU ops per call (op) | "
+        "same GPU ops | outputs equal |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for r in data["gpu_work"]:
+        path = "native" if r.get("native") else f"Python ({r.get('path_reason', '')})"
+        lines.append(f"| {r['graph']} | {path} | {r['op_ms']:.4f} | {r['frontend_ms']:.4f} | {_x(r.get('ratio'), 3)} | "
+                     f"{_kernels_cell(r.get('op_kernels', {}))} | {r.get('same_kernels')} | {r.get('outputs_equal')} |")
+    return lines
+
+
+RUNS = ("untuned", "tuned")
+
+
+def _markdown_module_table(data: dict) -> List[str]:
+    import modules
+
+    rows = data["module_table"]
+    runs_info = data.get("module_table_runs", {})
+    lines = [
+        "",
+        "## 4. The nn modules against every alternative",
+        "",
+        "`bench/modules.py`, bf16: GPU milliseconds per step (CUDA events around back-to-back steps, median of "
+        "interleaved rounds) of the library's module and of each alternative: for sdpa torch's flash and cuDNN "
+        "backends; for the others the plain-torch reference (same parameters) eager and under `torch.compile` "
+        "(and `F.rms_norm` for RMSNorm); and the frontend's own torch op where there is one (`cudnn.sdpa_torch`, "
+        "`cudnn.ops.norm.rms_norm`). fwd is the forward of a training step (inputs require grad); fwd+bwd adds "
+        "`.backward(dy)`. Ratio = library / fastest alternative (< 1: the library is faster). Each run is its own "
+        "process with its own baselines: *untuned* is the library's default plan choice, *tuned* runs with "
+        f"`{modules.TUNE_ENV}=1` (and `{modules.TUNING_CACHE_ENV}` set to a temporary file).",
+    ]
+    present = [run for run in RUNS if any(r.get("run") == run for r in rows)]
+    present += sorted({r.get("run") for r in rows if r.get("run") not in RUNS})
+    if runs_info:
+        lines += [""] + [f"- {run}: exit {info.get('returncode')}, {info.get('seconds', 0):.0f} s, "
+                         f"{'complete' if info.get('complete') else 'INCOMPLETE'}; env {info.get('env')}" for run, info in runs_info.items()]
+    # Summary: ratio per run, side by side.
+    groups: Dict[tuple, Dict[str, dict]] = {}
+    for r in sorted(rows, key=modules.row_order):
+        groups.setdefault((r["config"], r["size"], r["input"], r["mode"]), {})[r.get("run", "untuned")] = r
+    header = "| module | size | input | mode | " + " | ".join(f"library / fastest ({run}) | fastest ({run})" for run in present) + " |"
+    lines += ["", "### Summary: library / fastest alternative", "", header,
+              "| --- | --- | --- | --- | " + " | ".join("---: | ---" for _ in present) + " |"]
+    for (config, size, shape, mode), by_run in groups.items():
+        cells = []
+        for run in present:
+            r = by_run.get(run)
+            cells += [modules.ratio_text(r) if r else "-", (r.get("fastest") or "-") if r else "-"]
+        lines.append(f"| {config} | {size} | {shape} | {mode} | " + " | ".join(cells) + " |")
+    for run in present:
+        lines += ["", f"### {run} run: every candidate", ""]
+        lines += modules.markdown_table([r for r in rows if r.get("run", "untuned") == run])
+    return lines
+
+
+def _markdown_module_steps(data: dict) -> List[str]:
+    """The earlier reports' module section (rendered from their JSON)."""
+    return [
+        "",
+        "## nn modules against plain torch (earlier report format)",
         "",
         "Forward + backward of each `torch_cudnn_handle.nn` module and of its plain-torch reference (same parameters, "
         "`reference_of`), bf16, eager: milliseconds per step from CUDA events, ratio below 1 = cuDNN faster.",
@@ -336,12 +402,173 @@ def write_markdown(data: dict, path: str) -> None:
         "| module | input | cuDNN ms/step | torch ms/step | cuDNN / torch |",
         "| --- | --- | ---: | ---: | ---: |",
         *[f"| {r['module']} | {r['input']} | {r['cudnn_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.2f}x |" for r in data["module_steps"]],
-        "",
-        "![plots](report.png)",
-        "",
     ]
+
+
+def write_markdown(data: dict, path: str) -> None:
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Measured {data['date']} with `{data['command']}`. Every figure comes from this one run; each ratio "
+        "compares candidates measured side by side in it (rounds interleaved, medians). Absolute figures of "
+        "separate runs on this host differ by up to 60%: compare ratios, not times, across reports.",
+        "",
+        "## Machine",
+        "",
+        "| fact | value |",
+        "| --- | --- |",
+        *[f"| {key} | {value} |" for key, value in data["machine"].items()],
+    ]
+    for key, section in (("host_overhead", _markdown_host_overhead), ("thread_scaling", _markdown_thread_scaling),
+                         ("gpu_work", _markdown_gpu_work), ("module_table", _markdown_module_table), ("module_steps", _markdown_module_steps)):
+        if data.get(key):
+            lines += section(data)
+    if data.get("errors"):
+        lines += ["", "## Errors in this run", "", *[f"- {error}" for error in data["errors"]]]
+    lines += ["", "![plots](report.png)", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+# -- plots ------------------------------------------------------------------------
+
+
+def _plot_host_overhead(ax, data: dict) -> None:
+    # host us/call, one bar per (size, candidate); duplicate rows of the "against ..." tables dropped
+    seen, labels, values = set(), [], []
+    for row in data["host_overhead"]:
+        key = (row["source"], row["table"].split(":")[0], row["candidate"])
+        if key not in seen:
+            seen.add(key)
+            labels.append(f"{row['table'].split(':')[0]} | {row['candidate']}")
+            values.append(row["us"])
+    ax.barh(range(len(values)), values, color="tab:blue")
+    ax.set_yticks(range(len(values)), labels, fontsize=8)
+    for i, value in enumerate(values):
+        ax.annotate(f"{value:.2f}", (value, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("host us per call (log)")
+    ax.set_title("1. host overhead of one call")
+
+
+def _plot_thread_scaling(ax, data: dict) -> None:
+    for size, style in zip(sorted({r["size"] for r in data["thread_scaling"]}), ("-", "--", ":")):
+        rows = [r for r in data["thread_scaling"] if r["size"] == size]
+        threads = [r["threads"] for r in rows]
+        ax.plot(threads, [r["op_calls_per_s"] for r in rows], style, marker="o", color="tab:green", label=f"cudnn_fe.execute {size}")
+        if all(r.get("eager_calls_per_s") is not None for r in rows):
+            ax.plot(threads, [r["eager_calls_per_s"] for r in rows], style, marker="^", color="tab:olive", label=f"tch.execute {size}")
+        ax.plot(threads, [r["bmm_calls_per_s"] for r in rows], style, marker="s", color="tab:gray", label=f"torch.bmm {size}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(THREAD_COUNTS, [str(t) for t in THREAD_COUNTS])
+    ax.set_xlabel("threads (one stream each)")
+    ax.set_ylabel("calls per second, all threads")
+    ax.set_title("2. thread scaling")
+    ax.legend(fontsize=7)
+
+
+def _plot_gpu_work(ax, data: dict) -> None:
+    rows = data["gpu_work"]
+    ratios = [r["ratio"] for r in rows]
+    ax.barh(range(len(rows)), ratios, color=["tab:green" if abs(x - 1) <= 0.02 else "tab:red" for x in ratios])
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows)), [r["graph"][:48] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    for i, ratio in enumerate(ratios):
+        ax.annotate(f"{ratio:.3f}x", (ratio, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlim(0, max(1.2, max(ratios) * 1.15))
+    ax.set_xlabel("GPU ms/call, op / frontend execute (same plan)")
+    ax.set_title("3. the op adds no GPU work (1.00x = none)")
+
+
+MODULE_SERIES = (  # (mode, run): bar color
+    (("fwd", "untuned"), "#9ecae1"),
+    (("fwd", "tuned"), "#3182bd"),
+    (("fwd+bwd", "untuned"), "#fdae6b"),
+    (("fwd+bwd", "tuned"), "#e6550d"),
+)
+
+
+def _plot_module_table(ax, data: dict) -> None:
+    import modules
+
+    rows = sorted(data["module_table"], key=modules.row_order)
+    groups: List[tuple] = []
+    for r in rows:
+        group = (r["module"], r["size"], r["input"])
+        if group not in groups:
+            groups.append(group)
+    ratio = {((r["module"], r["size"], r["input"]), r["mode"], r.get("run", "untuned")): r.get("ratio") for r in rows}
+    series = [(key, color) for key, color in MODULE_SERIES if any(k[1:] == key for k in ratio)]
+    height = 0.8 / max(len(series), 1)
+    smallest, largest = 0.5, 2.0
+    for index, ((mode, run), color) in enumerate(series):
+        ys, xs = [], []
+        for g, group in enumerate(groups):
+            value = ratio.get((group, mode, run))
+            if value is not None and value > 0:
+                ys.append(g - 0.4 + height * (index + 0.5))
+                xs.append(value)
+        smallest, largest = min([smallest] + xs), max([largest] + xs)
+        # Bars grow from parity (1x): left = the library is faster, right = slower.
+        ax.barh(ys, [x - 1 for x in xs], left=1, height=height * 0.95, color=color, label=f"{mode}, {run}")
+        for y, x in zip(ys, xs):
+            ax.annotate(f"{x:.2f}", (x, y), xytext=(2 if x >= 1 else -2, 0), textcoords="offset points", va="center",
+                        ha="left" if x >= 1 else "right", fontsize=6)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(smallest / 1.25, largest * 1.25)
+    ticks = [2.0 ** e for e in range(-8, 9) if smallest / 1.25 <= 2.0 ** e <= largest * 1.25]
+    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.set_yticks(range(len(groups)), [f"{module} {size}: {shape}" for module, size, shape in groups], fontsize=8)
+    ax.set_ylim(len(groups) - 0.5, -0.5)
+    ax.set_xlabel("library ms / fastest alternative's ms per step, log scale (left of 1x: the library is faster)")
+    ax.set_title("4. nn modules: library / fastest alternative (torch backends, eager, torch.compile, the frontend's ops)")
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _plot_module_steps(ax, data: dict) -> None:
+    rows = data["module_steps"]
+    ax.barh(range(len(rows)), [r["ratio"] for r in rows], color=["tab:green" if r["ratio"] <= 1 else "tab:red" for r in rows])
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows)), [r["module"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    for i, row in enumerate(rows):
+        ax.annotate(f"{row['ratio']:.2f}x", (row["ratio"], i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlabel("ms cuDNN / ms torch, fwd + bwd (< 1: cuDNN faster)")
+    ax.set_title("nn modules against plain torch (earlier report format)")
+
+
+# (data key, draw, full width, relative height)
+PANELS = (
+    ("host_overhead", _plot_host_overhead, True, 1.3),
+    ("thread_scaling", _plot_thread_scaling, False, 1.0),
+    ("gpu_work", _plot_gpu_work, False, 1.0),
+    ("module_steps", _plot_module_steps, False, 1.0),
+    ("module_table", _plot_module_table, True, 2.6),
+)
+
+
+def _layout(data: dict) -> List[List[tuple]]:
+    """Rows of panels: a full-width panel alone, half-width ones in pairs."""
+    rows, pending = [], None
+    for panel in PANELS:
+        if not data.get(panel[0]):
+            continue
+        if panel[2]:
+            if pending:
+                rows.append([pending])
+                pending = None
+            rows.append([panel])
+        elif pending:
+            rows.append([pending, panel])
+            pending = None
+        else:
+            pending = panel
+    if pending:
+        rows.append([pending])
+    return rows
 
 
 def write_plot(data: dict, path: str) -> bool:
@@ -353,53 +580,19 @@ def write_plot(data: dict, path: str) -> bool:
     except ImportError:
         print("matplotlib is not installed: no report.png")
         return False
-    fig = plt.figure(figsize=(16, 13))
-    grid = fig.add_gridspec(2, 2, height_ratios=(1.2, 1))
-    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])]
-
-    # (1) host us/call, one bar per (size, candidate); duplicate rows of the "against ..." tables dropped
-    seen, labels, values = set(), [], []
-    for row in data["host_overhead"]:
-        key = (row["source"], row["table"].split(":")[0], row["candidate"])
-        if key not in seen:
-            seen.add(key)
-            labels.append(f"{row['table'].split(':')[0]} | {row['candidate']}")
-            values.append(row["us"])
-    axes[0].barh(range(len(values)), values, color="tab:blue")
-    axes[0].set_yticks(range(len(values)), labels, fontsize=8)
-    for i, value in enumerate(values):
-        axes[0].annotate(f"{value:.2f}", (value, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-    axes[0].invert_yaxis()
-    axes[0].set_xscale("log")
-    axes[0].set_xlabel("host us per call (log)")
-    axes[0].set_title("1. host overhead of one call")
-
-    # (2) thread scaling: calls/s against threads
-    for size, style in zip(sorted({r["size"] for r in data["thread_scaling"]}), ("-", "--", ":")):
-        rows = [r for r in data["thread_scaling"] if r["size"] == size]
-        threads = [r["threads"] for r in rows]
-        axes[1].plot(threads, [r["op_calls_per_s"] for r in rows], style, marker="o", color="tab:green", label=f"cudnn_fe.execute {size}")
-        axes[1].plot(threads, [r["bmm_calls_per_s"] for r in rows], style, marker="s", color="tab:gray", label=f"torch.bmm {size}")
-    axes[1].set_xscale("log", base=2)
-    axes[1].set_xticks(THREAD_COUNTS, [str(t) for t in THREAD_COUNTS])
-    axes[1].set_xlabel("threads (one stream each)")
-    axes[1].set_ylabel("calls per second, all threads")
-    axes[1].set_title("2. thread scaling")
-    axes[1].legend(fontsize=7)
-
-    # (3) modules: cuDNN / torch
-    rows = data["module_steps"]
-    axes[2].barh(range(len(rows)), [r["ratio"] for r in rows], color=["tab:green" if r["ratio"] <= 1 else "tab:red" for r in rows])
-    axes[2].axvline(1.0, color="black", linewidth=1)
-    axes[2].set_yticks(range(len(rows)), [r["module"] for r in rows], fontsize=8)
-    axes[2].invert_yaxis()
-    for i, row in enumerate(rows):
-        axes[2].annotate(f"{row['ratio']:.2f}x", (row["ratio"], i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    axes[2].set_xlabel("ms cuDNN / ms torch, fwd + bwd (< 1: cuDNN faster)")
-    axes[2].set_title("3. nn modules against plain torch")
-
+    layout = _layout(data)
+    if not layout:
+        print("nothing to plot: no report.png")
+        return False
+    heights = [max(panel[3] for panel in row) for row in layout]
+    fig = plt.figure(figsize=(16, 5.2 * sum(heights)))
+    grid = fig.add_gridspec(len(layout), 2, height_ratios=heights)
+    for r, row in enumerate(layout):
+        for c, (key, draw, _wide, _height) in enumerate(row):
+            ax = fig.add_subplot(grid[r, :] if len(row) == 1 else grid[r, c])
+            draw(ax, data)
     fig.suptitle(f"torch_cudnn_handle benchmarks, {data['machine'].get('GPU', 'no GPU')}, {data['date']}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -412,16 +605,25 @@ def render(data: dict, out: str) -> None:
     print(f"\nwrote {os.path.join(out, 'REPORT.md')}" + (f" and {os.path.join(out, 'report.png')}" if plotted else ""))
 
 
+SECTIONS = ("host", "threads", "gpu_work", "modules")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--quick", action="store_true", help="fewer calls and rounds: a smoke run, not figures to keep")
+    parser.add_argument("--quick", action="store_true", help="fewer calls and rounds, smallest module sizes: a smoke run, not figures to keep")
     parser.add_argument("--from-json", help="render REPORT.md and report.png from a saved report.json, measuring nothing")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"which sections to measure, comma-separated (default: {','.join(SECTIONS)})")
+    parser.add_argument("--no-tuned", action="store_true", help="run the module table once, untuned (no TORCH_CUDNN_HANDLE_TUNE=1 run)")
     args = parser.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
             render(json.load(f), args.out)
         return 0
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
 
     import torch
 
@@ -434,12 +636,33 @@ def main(argv=None) -> int:
         "command": "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]))] + sys.argv[1:]),
         "machine": machine_facts(),
     }
-    data["host_overhead"] = host_overhead(calls)
-    data["thread_scaling"] = thread_scaling(per_thread, rounds)
-    data["module_steps"] = module_steps(iters=5 if args.quick else 20, rounds=rounds)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "report.json"), "w") as f:
-        json.dump(data, f, indent=1)
+
+    def save() -> None:
+        with open(os.path.join(args.out, "report.json"), "w") as f:
+            json.dump(data, f, indent=1)
+
+    def module_section() -> None:
+        data["module_table"], data["module_table_runs"] = module_table(args.quick, tuned_too=not args.no_tuned)
+
+    measure = {
+        "host": lambda: data.__setitem__("host_overhead", host_overhead(calls)),
+        "threads": lambda: data.__setitem__("thread_scaling", thread_scaling(per_thread, rounds)),
+        "gpu_work": lambda: data.__setitem__("gpu_work", gpu_work(args.quick)),
+        "modules": module_section,
+    }
+    began = time.perf_counter()
+    for section in SECTIONS:
+        if section not in sections:
+            continue
+        try:
+            measure[section]()
+        except Exception as error:  # noqa: BLE001 -- one failed section does not end the report
+            ERRORS.append(f"section {section}: {type(error).__name__}: {error}")
+            traceback.print_exc()
+        data["errors"] = list(ERRORS)
+        save()
+    print(f"\nreport measured in {time.perf_counter() - began:.0f} s", flush=True)
     render(data, args.out)
     return 0
 

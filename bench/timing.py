@@ -1,13 +1,26 @@
-"""Side-by-side host timing: every candidate is measured in the same run, interleaved,
+"""Side-by-side timing: every candidate is measured in the same run, interleaved,
 and reported as a ratio against a named baseline (the GPU host is noisy: absolute
-figures of separate runs differ by up to 60%)."""
+figures of separate runs differ by up to 60%).
+
+* ``host_us_per_call``: host microseconds per call (``time.perf_counter`` around N calls).
+* ``cuda_ms_per_call``: GPU milliseconds per call from two CUDA events around N
+  back-to-back calls. This is the one CUDA-event loop of ``bench/`` (``report.py``,
+  ``modules.py``, ``gpu_work.py``, ``profile_sdpa.py``). Library timers do not fit
+  here: ``triton.testing.do_bench`` flushes L2 and times every call alone, and
+  ``torch.utils.benchmark`` times the host clock, so neither gives the steady-state
+  time of back-to-back steps interleaved with their baselines.
+* ``compare``: the median of a timer for each candidate, rounds interleaved.
+* ``device_kernels``: what a step launches on the GPU (torch.profiler, CUDA activity),
+  grouped by kernel name, with device time.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
@@ -22,23 +35,80 @@ def host_us_per_call(fn: Callable[[], object], calls: int) -> float:
     return elapsed / calls * 1e6
 
 
+def cuda_ms_per_call(fn: Callable[[], object], calls: int) -> float:
+    """GPU milliseconds per call: CUDA events on the current stream around ``calls``
+    back-to-back calls (device synchronized first, so the loop starts on an idle GPU).
+    A call the host cannot issue as fast as the GPU runs it shows as GPU idle time
+    inside the interval: this is the time a step takes, not the sum of its kernels."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / calls
+
+
 def compare(
     candidates: Dict[str, Callable[[], object]],
     calls: int = 4000,
     warmup: int = 200,
     rounds: int = 7,
     timer: Callable[[Callable[[], object], int], float] = host_us_per_call,
+    scopes: Optional[Dict[str, Callable[[], ContextManager]]] = None,
 ) -> Dict[str, float]:
     """Median of ``timer(fn, calls)`` (by default host microseconds per call) for each
-    candidate, rounds interleaved."""
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
+    candidate, rounds interleaved. ``scopes[name]()``, when given, is a context manager
+    entered around that candidate's warm-up and around each of its timed blocks (not
+    per call), e.g. ``lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])``."""
+    scopes = scopes or {}
+    for name, fn in candidates.items():
+        with scopes.get(name, contextlib.nullcontext)():
+            for _ in range(warmup):
+                fn()
     samples: Dict[str, List[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, fn in candidates.items():
-            samples[name].append(timer(fn, calls))
+            with scopes.get(name, contextlib.nullcontext)():
+                samples[name].append(timer(fn, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def compare_cuda_ms(
+    candidates: Dict[str, Callable[[], object]],
+    calls: int,
+    rounds: int,
+    warmup: int = 3,
+    scopes: Optional[Dict[str, Callable[[], ContextManager]]] = None,
+) -> Dict[str, float]:
+    """Median GPU ms per call of each candidate (``cuda_ms_per_call``), rounds interleaved."""
+    return compare(candidates, calls=calls, warmup=warmup, rounds=rounds, timer=cuda_ms_per_call, scopes=scopes)
+
+
+def device_kernels(fn: Callable[[], object], steps: int = 5, warmup: int = 3) -> Tuple[Dict[str, Tuple[float, float]], object]:
+    """What ``steps`` calls of ``fn`` (after ``warmup`` more) ran on the GPU:
+    ``({name: (launches per step, device us per step)}, profiler)``, longest first.
+    Kernels, memsets and copies alike (every CUDA-side event of torch.profiler); the
+    profiler is returned for its CPU-side tables."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    totals: Dict[str, List[float]] = {}
+    for event in prof.events():
+        if not str(event.device_type).endswith("CUDA"):
+            continue
+        entry = totals.setdefault(event.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.time_range.elapsed_us()
+    per_step = {name: (count / steps, us / steps) for name, (count, us) in totals.items()}
+    return dict(sorted(per_step.items(), key=lambda item: -item[1][1])), prof
 
 
 def report(title: str, figures: Dict[str, float], baseline: str, goals: Dict[str, float] | None = None) -> List[dict]:

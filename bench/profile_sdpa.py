@@ -1,0 +1,479 @@
+"""Where the small-size SDPA fwd+bwd gap comes from (causal 4x16x1024x64 bf16: library
+0.580 ms vs torch's cuDNN backend 0.299 ms per fwd+bwd step; forward alone equal), and
+the same view of RMSNorm 32768x4096 and of a TransformerBlock(512, 8) 8x256 training step.
+
+    python bench/profile_sdpa.py [--out bench/results/profile_sdpa.txt] [--quick] [--no-plans]
+
+For each candidate, per fwd+bwd step (gradients set to None first, ``.backward(dy)``):
+
+* time: host issue time (``perf_counter`` around N steps, before the sync), host wall
+  time (the same with the sync at the end) and GPU time (CUDA events around the same
+  N steps), medians of interleaved rounds, and the kernels' own device time;
+* kernels: every GPU activity of a few steps after warm-up (torch.profiler, CUDA
+  activity), grouped by name: launches and device microseconds per step;
+* the library's graphs: for each built graph the step used, whether
+  ``cudnn_fe.execute`` runs it natively (``built_graphs(id)[i].native``, ``.path_reason``),
+  its workspace (the frontend's, and the native plan's with the host us of each native
+  step from ``_C._native_breakdown``), the selected plan's name, and the fields of the
+  frontend's serialized plan that decide the path (``pass_by_values``,
+  ``workspace_modifications``, ``variant_pack_replacements``, ``fe_workspace_size``,
+  ``json_version``; the ``cudnn_backend_data`` string left out);
+* unless ``--no-plans``: every plan the heuristics rank for the library's sdpa forward
+  and backward graphs at the small size, with GPU ms per call (last: a plan that faults
+  cannot take the rest with it).
+
+Stdout is the compact view (about 150 lines); ``--out`` gets everything: every kernel
+with its full name, the CPU-side op table of each profile, the decoded plan documents.
+Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # timing
+
+SDPA_SHAPE = (4, 16, 1024, 64)
+RMSNORM_SHAPE = (32768, 4096)
+BLOCK = (512, 8, 8, 256)  # dim, heads, batch, seq: the demo's
+_NOTES: Dict[str, bool] = {}  # notes said once per run
+PLAN_FIELDS = ("pass_by_values", "workspace_modifications", "variant_pack_replacements", "fe_workspace_size", "json_version")
+
+
+class Out:
+    """``say``: stdout and the detail file; ``detail``: the detail file only."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.file = open(path, "w") if path else None
+
+    def say(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.detail(text)
+
+    def detail(self, text: str = "") -> None:
+        if self.file:
+            self.file.write(text + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def _short(value, limit: int = 90) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reason(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:150] if lines else ''}"
+
+
+# ---------------------------------------------------------------------------------
+# Measurements
+
+
+def times_per_step(candidates: Dict[str, Tuple[Callable[[], None], Callable[[], object]]], steps: int, rounds: int) -> Dict[str, Tuple[float, float, float]]:
+    """{name: (host issue ms, host wall ms, GPU ms) per step}: medians of ``rounds``
+    interleaved rounds of ``steps`` steps; ``candidates[name] = (step, scope factory)``."""
+    import torch
+
+    samples: Dict[str, List[Tuple[float, float, float]]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, (step, scope) in candidates.items():
+            with scope():
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                began = time.perf_counter()
+                start.record()
+                for _ in range(steps):
+                    step()
+                stop.record()
+                issued = time.perf_counter() - began
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - began
+                samples[name].append((issued * 1e3 / steps, wall * 1e3 / steps, start.elapsed_time(stop) / steps))
+    return {name: tuple(statistics.median(s[i] for s in values) for i in range(3)) for name, values in samples.items()}
+
+
+def compare_candidates(out: Out, title: str, candidates: Dict[str, Tuple[Callable[[], None], Callable[[], object]]], args, kernel_rows: int) -> None:
+    """Time per step, then the kernels of each candidate."""
+    from timing import device_kernels
+
+    for name, (step, scope) in candidates.items():  # warm up: builds, allocator, autotuners
+        with scope():
+            for _ in range(3):
+                step()
+    times = times_per_step(candidates, args.steps_timed, args.rounds)
+    kernels = {}
+    for name, (step, scope) in candidates.items():
+        with scope():
+            kernels[name] = device_kernels(step, steps=args.steps_profiled, warmup=2)
+    out.say(f"\n{title}: ms per fwd+bwd step (median of {args.rounds} interleaved rounds of {args.steps_timed} steps)")
+    out.say(f"  {'candidate':34s} {'host issue':>10s} {'host wall':>10s} {'GPU events':>10s} {'kernel sum':>10s} {'GPU ops':>8s}")
+    for name, (issue, wall, gpu) in times.items():
+        per_step, _ = kernels[name]
+        kernel_ms = sum(us for _, us in per_step.values()) / 1e3
+        launches = sum(count for count, _ in per_step.values())
+        out.say(f"  {name:34s} {issue:10.3f} {wall:10.3f} {gpu:10.3f} {kernel_ms:10.3f} {launches:8.1f}")
+    out.say("  (host issue: perf_counter to the last launch; host wall: to the end of the sync; GPU ops: kernels, memsets, copies)")
+    for name, (per_step, prof) in kernels.items():
+        total = sum(us for _, us in per_step.values())
+        out.say(f"\n  {name}: GPU ops per step, longest first ({args.steps_profiled} profiled steps; {total:.1f} us per step in all)")
+        out.say(f"    {'per step':>8s} {'us/step':>9s}  name")
+        for index, (kernel, (count, us)) in enumerate(per_step.items()):
+            line = f"    {count:8.1f} {us:9.1f}  "
+            if index < kernel_rows:
+                out.say(line + _short(kernel, 100))
+                if len(kernel) > 100:
+                    out.detail(f"      full name: {kernel}")
+            else:
+                out.detail(line + kernel)
+        if len(per_step) > kernel_rows:
+            out.say(f"    ... {len(per_step) - kernel_rows} more in {out.path or '--out'}")
+        out.detail(f"\n  {name}: CPU-side ops of the profiled steps (torch.profiler key_averages)")
+        try:
+            out.detail(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=70))
+        except Exception as error:  # noqa: BLE001 -- a table the profiler cannot print is not worth the run
+            out.detail(f"    ({_reason(error)})")
+
+
+# ---------------------------------------------------------------------------------
+# The library's graphs
+
+
+def all_built() -> Dict[int, Tuple[int, object]]:
+    """{id(BuiltGraph): (graph id, BuiltGraph)} of every graph the registry has built."""
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle import registry
+
+    found = {}
+    ids = getattr(getattr(registry, "_registry", None), "_definitions", None)
+    for graph_id in (list(ids) if ids else range(1, 4096)):
+        for built in tch.built_graphs(graph_id):
+            found[id(built)] = (graph_id, built)
+    return found
+
+
+def _graph_name(graph_id: int) -> str:
+    from torch_cudnn_handle.registry import graph_name
+
+    try:
+        return graph_name(graph_id)
+    except Exception:  # noqa: BLE001
+        return f"graph {graph_id}"
+
+
+def _random_operands(specs, device) -> List[object]:
+    import torch
+
+    tensors = []
+    for spec in specs:
+        t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+        if t.is_floating_point():
+            t.normal_()
+        else:
+            t.zero_()
+        tensors.append(t)
+    return tensors
+
+
+def selected_plan_name(graph) -> str:
+    try:
+        return graph.get_plan_name_at_index(getattr(graph, "_plan_index", 0))
+    except Exception as error:  # noqa: BLE001
+        return f"unknown ({_reason(error)})"
+
+
+def describe_built(out: Out, graph_id: int, built, *, fields: bool, breakdown: bool, operands=None) -> None:
+    """One or two lines per built graph; the decoded serialized plan in the detail file."""
+    import torch
+
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle.native import decode_ubjson
+
+    shapes = " ".join("x".join(str(n) for n in spec.shape) for spec in built.inputs)
+    plan = getattr(built, "engine", "") or selected_plan_name(built.graph)
+    out.say(f"  [{graph_id}] {_graph_name(graph_id)} ({shapes}): native={built.native} ({built.path_reason}); "
+            f"frontend workspace {built.workspace_size} B; plan {_short(plan, 60)}")
+    if breakdown and built.native and not hasattr(tch._C, "_native_breakdown"):
+        if not _NOTES.get("breakdown"):
+            _NOTES["breakdown"] = True
+            out.say("      (this build has no _C._native_breakdown: no native workspace or per-step host times)")
+    elif breakdown and built.native:
+        try:
+            device = torch.device("cuda", built.device)
+            inputs = operands if operands is not None else _random_operands(built.inputs, device)
+            outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
+            steps = tch._C._native_breakdown(graph_id, inputs, outputs, 20)
+            torch.cuda.synchronize()
+            out.say(f"      native plan workspace {int(steps.pop('workspace_bytes', -1))} B; host us/call: "
+                    + ", ".join(f"{key.split(' ')[0]} {value:.1f}" for key, value in steps.items()))
+        except Exception as error:  # noqa: BLE001
+            out.say(f"      native breakdown unavailable ({_reason(error)})")
+    try:
+        document = decode_ubjson(built.graph.serialize(as_bytes=True))
+    except Exception as error:  # noqa: BLE001 -- a python-engine plan has another format
+        out.say(f"      serialized plan: not decodable ({_reason(error)})")
+        return
+    if not isinstance(document, dict):
+        out.say(f"      serialized plan: a {type(document).__name__}, not an object")
+        return
+    if fields:
+        out.say(f"      serialized keys: {', '.join(document)}")
+        out.say("      " + "; ".join(f"{field}={_short(document[field], 60) if field in document else '(absent)'}" for field in PLAN_FIELDS))
+    shown = {key: (f"<{len(value)} chars>" if key == "cudnn_backend_data" and isinstance(value, str) else value) for key, value in document.items()}
+    out.detail(f"      decoded serialized plan of [{graph_id}] (cudnn_backend_data elided):")
+    out.detail("      " + json.dumps(shown, default=str, indent=1)[:20000].replace("\n", "\n      "))
+    backend = document.get("cudnn_backend_data")
+    if isinstance(backend, str):
+        try:
+            plan = json.loads(backend)
+            out.detail(f"      cudnn_backend_data: JSON with keys {list(plan) if isinstance(plan, dict) else type(plan).__name__}")
+            out.detail("      " + backend[:3000])
+        except ValueError:
+            out.detail(f"      cudnn_backend_data: {len(backend)} chars, not JSON: {backend[:300]!r}")
+
+
+def describe_new_graphs(out: Out, before: Dict[int, Tuple[int, object]], *, fields: bool, breakdown: bool) -> None:
+    new = [(gid, built) for key, (gid, built) in all_built().items() if key not in before]
+    native = sum(1 for _, built in new if built.native)
+    out.say(f"\n  the library's graphs built for this step: {len(new)}, {native} native")
+    for gid, built in sorted(new, key=lambda item: item[0]):
+        describe_built(out, gid, built, fields=fields, breakdown=breakdown)
+
+
+# ---------------------------------------------------------------------------------
+# Sections
+
+
+def _nullscope():
+    return contextlib.nullcontext()
+
+
+def _step(forward: Callable[[], object], leaves, dy) -> Callable[[], None]:
+    def step():
+        for tensor in leaves:
+            tensor.grad = None
+        forward().backward(dy)
+
+    return step
+
+
+def section_sdpa(out: Out, args) -> dict:
+    import cudnn
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from torch_cudnn_handle import registry
+    from torch_cudnn_handle.nn import sdpa
+    from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
+
+    b, h, s, d = SDPA_SHAPE
+    out.say(f"\n## 1. sdpa causal q, k, v [{b}, {h}, {s}, {d}] bf16, fwd+bwd")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    d_o = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
+    leaves = [q, k, v]
+    before = all_built()
+    candidates = {
+        "library sdpa": (_step(lambda: sdpa(q, k, v, True), leaves, d_o), _nullscope),
+        "torch SDPA, cuDNN backend": (_step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), leaves, d_o),
+                                      lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION])),
+    }
+    try:
+        frontend_sdpa = cudnn.sdpa_torch
+        candidates["frontend op cudnn.sdpa_torch"] = (
+            _step(lambda: frontend_sdpa(q, k, v, is_causal=True, return_lse=True)[0], leaves, d_o), _nullscope)
+    except Exception as error:  # noqa: BLE001
+        out.say(f"  frontend op unavailable: {_reason(error)}")
+    compare_candidates(out, "sdpa", candidates, args, kernel_rows=6)
+
+    forward_id = SDPA_GRAPHS[True]
+    backward_id = None
+    try:
+        backward_id = registry._registry.definition(forward_id).backward_id
+    except Exception as error:  # noqa: BLE001
+        out.say(f"  backward graph id unavailable: {_reason(error)}")
+    with torch.no_grad():
+        o, stats = torch.ops.cudnn_fe.execute(forward_id, [q.detach(), k.detach(), v.detach()])
+    operands = {forward_id: [q.detach(), k.detach(), v.detach()],
+                backward_id: [q.detach(), k.detach(), v.detach(), o, torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device).copy_(d_o), stats]}
+    out.say("\n  the library's graphs (forward, backward):")
+    built_of = {}
+    for graph_id in (forward_id, backward_id):
+        if graph_id is None:
+            continue
+        specs = tuple(registry.TensorSpec.of(t) for t in operands[graph_id])
+        matches = [built for built in tch_built(graph_id) if built.inputs == specs]
+        if not matches:
+            out.say(f"  [{graph_id}] {_graph_name(graph_id)}: not built for these inputs")
+            continue
+        built_of[graph_id] = matches[0]
+        describe_built(out, graph_id, matches[0], fields=True, breakdown=True, operands=operands[graph_id])
+    others = [key for key in all_built() if key not in before and all(id(b) != key for b in built_of.values())]
+    if others:
+        out.say(f"  ({len(others)} other graphs built during this section)")
+    return dict(forward_id=forward_id, backward_id=backward_id, built=built_of, operands=operands)
+
+
+def tch_built(graph_id: int) -> list:
+    import torch_cudnn_handle as tch
+
+    return tch.built_graphs(graph_id)
+
+
+def section_rmsnorm(out: Out, args) -> None:
+    import torch
+
+    from torch_cudnn_handle.nn import RMSNorm, reference_of
+
+    rows, hidden = RMSNORM_SHAPE
+    out.say(f"\n## 2. RMSNorm({hidden}) x [{rows}, {hidden}] bf16, fwd+bwd")
+    torch.manual_seed(0)
+    norm = RMSNorm(hidden, device="cuda", dtype=torch.bfloat16)
+    reference = reference_of(norm)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    before = all_built()
+    candidates = {
+        "library RMSNorm": (_step(lambda: norm(x), [x, norm.weight], dy), _nullscope),
+        "torch eager (reference)": (_step(lambda: reference(x), [x, reference.weight], dy), _nullscope),
+    }
+    try:
+        from cudnn.ops.norm import rms_norm
+
+        candidates["frontend op cudnn.ops.norm.rms_norm"] = (_step(lambda: rms_norm(x, norm.weight, eps=norm.eps), [x, norm.weight], dy), _nullscope)
+    except Exception as error:  # noqa: BLE001
+        out.say(f"  frontend op unavailable: {_reason(error)}")
+    compare_candidates(out, "RMSNorm", candidates, args, kernel_rows=4)
+    describe_new_graphs(out, before, fields=True, breakdown=True)
+
+
+def section_block(out: Out, args) -> None:
+    import torch
+
+    from torch_cudnn_handle.nn import TransformerBlock, reference_of
+
+    dim, heads, batch, seq = BLOCK
+    out.say(f"\n## 3. TransformerBlock({dim}, {heads}) x [{batch}, {seq}, {dim}] bf16, training step (fwd+bwd)")
+    torch.manual_seed(0)
+    block = TransformerBlock(dim, heads, device="cuda", dtype=torch.bfloat16)
+    reference = reference_of(block)
+    x = torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16)
+    before = all_built()
+    candidates = {
+        "library block": (_step(lambda: block(x), [x, *block.parameters()], dy), _nullscope),
+        "torch eager (reference)": (_step(lambda: reference(x), [x, *reference.parameters()], dy), _nullscope),
+    }
+    compare_candidates(out, "TransformerBlock", candidates, args, kernel_rows=10)
+    describe_new_graphs(out, before, fields=False, breakdown=False)
+    out.say("  (each graph's serialized plan fields are in the detail file)")
+
+
+def section_plans(out: Out, args, sdpa_state: dict) -> None:
+    """Every plan the heuristics rank for the library's sdpa graphs, GPU ms per call."""
+    import cudnn
+    import torch
+
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle import registry
+    from timing import compare_cuda_ms
+
+    out.say("\n## 4. the ranked plans of the library's sdpa graphs (small size): GPU ms per call, CUDA events")
+    for graph_id, built in sdpa_state["built"].items():
+        operands = sdpa_state["operands"][graph_id]
+        library_plan = getattr(built, "engine", "") or selected_plan_name(built.graph)
+        out.say(f"\n  [{graph_id}] {_graph_name(graph_id)}; the library runs: {_short(library_plan, 80)}")
+        try:
+            definition = registry._registry.definition(graph_id)
+            with tch.build_scope(built.device) as handle:
+                graph, inputs, outputs, _ = registry._describe(definition, built.inputs, handle)
+                graph.build_operation_graph()
+                graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                graph.check_support()
+                graph.build_plans(cudnn.build_plan_policy.ALL)
+            device = torch.device("cuda", built.device)
+            results = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
+            pack = dict(zip(list(inputs) + list(outputs), list(operands) + results))
+            handle = tch.current_handle(built.device)
+            candidates, rows = {}, []
+            for index in range(graph.get_execution_plan_count()):
+                try:
+                    name = graph.get_plan_name_at_index(index)
+                    size = graph.get_workspace_size_plan_at_index(index)
+                    workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+                    graph.execute_plan_at_index(pack, workspace, index, handle=handle)
+                    torch.cuda.synchronize()
+                except Exception as error:  # noqa: BLE001 -- a plan that does not build or run is reported
+                    out.say(f"    plan {index:2d}: {_reason(error)}")
+                    continue
+                rows.append((index, name, size))
+                candidates[f"plan {index}"] = (lambda pack=pack, workspace=workspace, index=index:
+                                               graph.execute_plan_at_index(pack, workspace, index, handle=handle))
+            figures = compare_cuda_ms(candidates, calls=args.plan_calls, rounds=args.rounds, warmup=2) if candidates else {}
+            for index, name, size in rows:
+                out.say(f"    plan {index:2d}: {figures[f'plan {index}']:8.4f} ms  workspace {size:>10d} B  {_short(name, 70)}")
+        except Exception as error:  # noqa: BLE001
+            out.say(f"    ranked plans unavailable: {_reason(error)}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_sdpa.txt"), help="the full detail (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds: a smoke run")
+    parser.add_argument("--no-plans", action="store_true", help="skip section 4 (every ranked plan of the sdpa graphs)")
+    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run, comma-separated (default: all)")
+    args = parser.parse_args(argv)
+    args.steps_timed, args.steps_profiled, args.rounds, args.plan_calls = (10, 3, 2, 10) if args.quick else (50, 5, 5, 50)
+    sections = {s.strip() for s in args.sections.split(",")}
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench/profile_sdpa.py profiles on a CUDA GPU; this machine has none")
+        return 1
+    import cudnn
+
+    import torch_cudnn_handle as tch
+
+    out = Out(args.out)
+    try:
+        out.say(f"# profile_sdpa: torch {torch.__version__}, cuDNN {cudnn.backend_version_string()}, frontend {cudnn.__version__}, "
+                f"{torch.cuda.get_device_name(0)}")
+        out.say("env: " + ", ".join(f"{name}={os.environ.get(name)!r}" for name in
+                                     ("TORCH_CUDNN_HANDLE_TUNE", "TORCH_CUDNN_HANDLE_TUNING_CACHE", "TORCH_CUDNN_HANDLE_NATIVE",
+                                      "TORCH_CUDNN_SDPA_USE_PYTHON"))
+                + f"; extension with CUDA: {tch.with_cuda}")
+        sdpa_state = section_sdpa(out, args) if "1" in sections or "4" in sections else None
+        if "2" in sections:
+            section_rmsnorm(out, args)
+        if "3" in sections:
+            section_block(out, args)
+        out.say(f"\nregistry: {tch.registry_stats()}; pool: {tch.pool_stats()}")
+        if "4" in sections and not args.no_plans and sdpa_state:
+            section_plans(out, args, sdpa_state)
+        if args.out:
+            print(f"\nfull detail: {args.out}")
+    finally:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
