@@ -3,6 +3,7 @@ native calls keep their plan hot, execute.out under autograd, misaligned views, 
 native path's fallback, and fake layouts equal to what the GPU writes."""
 
 import gc
+import time
 import weakref
 
 import pytest
@@ -75,17 +76,20 @@ def test_a_captured_call_outlives_the_eviction_of_its_plan(case, restore_capacit
         assert _C.native_plans_alive() >= 1
     del cuda_graph
     torch.cuda.synchronize()
-    gc.collect()
-    assert _C.release_dropped() >= 1  # CUDA released the graph's user objects: what they kept goes now
-    gc.collect()
-    assert owner() is None
+    # CUDA releases a destroyed graph's user objects on its own thread, soon after;
+    # what they kept goes at the next release_dropped().
+    deadline, released = time.monotonic() + 5, 0
+    while time.monotonic() < deadline and (released == 0 or owner() is not None):
+        gc.collect()
+        released += _C.release_dropped()
+        gc.collect()
+        time.sleep(0.01)
+    assert released >= 1 and owner() is None
     if not python_path:
         assert _C.native_plans_alive() <= alive
 
 
 def test_native_calls_keep_their_plan_hot(restore_capacity):
-    import time
-
     gid = tch.register_graph(matmul, name="hot_native_matmul")
     hot = [half(1, 16, 16, seed=1), half(1, 16, 16, seed=2)]
     torch.ops.cudnn_fe.execute(gid, hot)  # built first: the oldest Python-side use
