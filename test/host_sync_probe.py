@@ -9,7 +9,8 @@ whether every result matched torch after the streams drained.
     python test/host_sync_probe.py [--detail]
 
 --detail splits the process's first call into its parts (the handle, the build, the first
-launch), to find which one synchronizes.
+launch), to find which one synchronizes. --trace records each step with torch.profiler and
+adds, per step, the CUDA API calls that took over 50 ms (what blocked, and under which op).
 """
 
 import json
@@ -24,14 +25,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SLEEP_CYCLES = int(0.4 * 1.98e9)  # ~0.4 s on an H200's clock: far longer than any call here
 
 
+TRACE = "--trace" in sys.argv
+BLOCKING = {}  # step -> [(CUDA API call, ms, enclosing ops)]
+
+
+def slow_api_calls(profile):
+    calls = []
+    for event in profile.events():
+        if event.name.startswith("cu") and event.time_range.elapsed_us() > 50_000:
+            parents, parent = [], event.cpu_parent
+            while parent is not None and len(parents) < 4:
+                parents.append(parent.name)
+                parent = parent.cpu_parent
+            calls.append((event.name, round(event.time_range.elapsed_us() / 1e3, 1), parents))
+    return calls
+
+
 def step(name, fn, results, checks):
     stream = torch.cuda.Stream()
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) if TRACE else None
     with torch.cuda.stream(stream):
         torch.cuda._sleep(SLEEP_CYCLES)
+        if profiler:
+            profiler.__enter__()
         start = time.perf_counter()
         out = fn()
         elapsed = (time.perf_counter() - start) * 1e3
         busy = not stream.query()
+        if profiler:
+            profiler.__exit__(None, None, None)
+            BLOCKING[name] = slow_api_calls(profiler)
     stream.synchronize()
     results[name] = [round(elapsed, 3), busy]
     if out is not None:
@@ -85,7 +108,7 @@ def main(detail: bool) -> int:
     (first, y), (second, _) = trained
     ok = ok and all(torch.equal(a.grad, b.grad) for a, b in zip(first, second))
     ok = ok and torch.allclose(y.float(), linear_relu_reference(*first).float(), atol=2e-2, rtol=2e-2)
-    print(json.dumps({"steps": results, "results_match": bool(ok)}))
+    print(json.dumps({"steps": results, "results_match": bool(ok), **({"slow_api_calls": BLOCKING} if TRACE else {})}))
     return 0
 
 

@@ -100,7 +100,8 @@ class GraphModule(torch.nn.Module):
         torch.library.opcheck(torch.ops.cudnn_fe.execute.default, (LINEAR_RELU, [x, w, b]))
         out = torch.empty(2, 16, 8, dtype=torch.float16, device="meta")
         torch.library.opcheck(torch.ops.cudnn_fe.execute.out, (LINEAR_RELU, [x.detach(), w.detach(), b.detach()]), {"out": [out]})
-        torch.library.opcheck(torch.ops.cudnn_fe.execute.out, (LINEAR_RELU, [x, w, b]), {"out": [out]})  # inputs that require grad
+        with torch.no_grad():  # inputs that require grad; no_grad as torch's own out= ops need
+            torch.library.opcheck(torch.ops.cudnn_fe.execute.out, (LINEAR_RELU, [x, w, b]), {"out": [out]})
 
     def test_the_op_carries_the_tags_inductor_needs(self):
         for overload in (torch.ops.cudnn_fe.execute.default, torch.ops.cudnn_fe.execute.out):

@@ -43,7 +43,8 @@ def test_a_handle_for_another_device_keeps_a_bound_context_and_binds_a_cold_one(
         return held, _C.current_context_device()
 
     assert run_in_thread(thread) == (0, 0)
-    assert run_in_thread(lambda: (tch.current_handle(1), _C.current_context_device())[1]) == 1  # a cold thread keeps cuda:1's
+    cold = run_in_thread(lambda: (_C.current_context_device(), tch.current_handle(1), _C.current_context_device(), torch.cuda.current_device()))
+    assert (cold[0], cold[2], cold[3]) == (-1, 1, 1)  # a cold thread keeps cuda:1's context, and torch sees it
 
 
 def test_a_real_streams_context_wins():

@@ -69,6 +69,8 @@ def encode(value) -> bytes:
         return b"T" if value else b"F"
     if isinstance(value, int):
         return b"L" + struct.pack(">q", value)
+    if isinstance(value, float):
+        return b"D" + struct.pack(">d", value)
     if isinstance(value, str):
         return b"SL" + struct.pack(">q", len(value.encode())) + value.encode()
     if isinstance(value, list):
@@ -92,7 +94,7 @@ class SerializedGraph:
 
 def document(**changes):
     base = {
-        "json_version": "1.0", "context": {"name": "g"}, "nodes": [], "tensors": {}, "behavior_notes": [],
+        "json_version": "2.0", "gid": 1, "aligned_operands": {"1": [16, 2]}, "context": {"name": "g"}, "nodes": [], "tensors": {}, "behavior_notes": [],
         "cudnn_backend_version": "9.19.0", "cudnn_frontend_version": 13200, "cudnn_backend_data": '{"plan":1}',
         "variant_pack_uids": [1, 2, 3], "pass_by_values": {}, "workspace_modifications": {},
         "variant_pack_replacements": [], "fe_workspace_size": 0, "tensors_to_dump": [],
@@ -110,19 +112,27 @@ def test_what_the_frontend_adds_per_call_is_carried_over():
     doc = document(
         variant_pack_uids=[1, 2, 3, 7, 8],
         pass_by_values={"7": {"index": 3, "value": "3E000000"}},  # float 0.125, as the frontend writes it
-        workspace_modifications={"8": [1, 0, ["44800000"]]},  # zero 1024 bytes at offset 0
-        fe_workspace_size=1024,
+        workspace_modifications={"8": [1, 0, ["44800000"]], "9": [2, 1024, []]},  # zero 1024 bytes at 0; place one at 1024
+        fe_workspace_size=2048,
     )
+    doc["variant_pack_uids"].append(9)
     spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
     assert spec is not None, why
     assert spec.by_value == ((7, struct.pack("<f", 0.125)),)
-    assert spec.workspace_tensors == ((8, 0, 1024),) and spec.fe_workspace_size == 1024
+    assert spec.workspace_tensors == ((8, 0, 1024), (9, 1024, 0)) and spec.fe_workspace_size == 2048
+
+
+def test_a_double_scalar_is_read_as_written():
+    doc = document(variant_pack_uids=[1, 2, 3, 7], pass_by_values={"7": {"index": 4, "value": 1e-05}})  # rmsnorm's epsilon
+    spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
+    assert spec is not None and spec.by_value == ((7, struct.pack("<d", 1e-05)),), why
 
 
 @pytest.mark.parametrize(
     "changes, reason",
     [
-        ({"json_version": "2.0"}, "json_version '2.0'"),
+        ({"json_version": "3.0"}, "json_version '3.0'"),
+        ({"aligned_operands": {"1": [32, 2]}}, "operand 1 needs 32-byte alignment"),
         ({"a_new_field": 1}, "fields the native path does not know: \\['a_new_field'\\]"),
         ({"workspace_modifications": {"8": [0, 0, ["3F800000"]]}, "variant_pack_uids": [1, 2, 3, 8]}, "workspace_modifications of kind 0"),
         ({"tensors_to_dump": [[1, "t"]]}, "tensors_to_dump"),

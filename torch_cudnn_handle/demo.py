@@ -111,7 +111,7 @@ def _loss(model, x, target):
 def _train(block, reference, dtype) -> bool:
     print(f"\ndemo: TransformerBlock({DIM}, {HEADS}, mlp_ratio={MLP_RATIO}) {str(dtype).replace('torch.', '')}, batch "
           f"{BATCH}x{SEQ}: {STEPS} SGD steps, cuDNN graphs (eager) and plain torch, same initial parameters")
-    row("loss", f"{'cuDNN':>10}{'torch':>10}")
+    row("loss", f"{'cuDNN':<10}{'torch':<10}")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (block, reference)]
     agree = True
     for step in range(1, STEPS + 1):
@@ -126,7 +126,7 @@ def _train(block, reference, dtype) -> bool:
             losses.append(loss.item())
         ok = abs(losses[0] - losses[1]) <= 2e-2 * abs(losses[1])
         agree &= ok
-        row(f"step {step}/{STEPS}", f"{losses[0]:>10.5f}{losses[1]:>10.5f}  {'OK' if ok else 'MISMATCH'}")
+        row(f"step {step}/{STEPS}", f"{losses[0]:<10.5f}{losses[1]:<10.5f}{'OK' if ok else 'MISMATCH'}")
     return agree
 
 
@@ -199,7 +199,7 @@ def timing_rows(figures: dict) -> list:
     """(label, value) rows of the timing table: eager and compiled ms/step of each block, then their ratio."""
     ratio = {mode: figures[f"cuDNN {mode}"] / figures[f"torch {mode}"] for mode in ("eager", "compiled")}
     return [
-        ("block", f"{'eager':>10}{'compiled':>10}"),
-        *((name, f"{figures[f'{name} eager']:>10.3f}{figures[f'{name} compiled']:>10.3f}") for name in ("cuDNN", "torch")),
-        ("cuDNN / torch", f"{ratio['eager']:>9.2f}x{ratio['compiled']:>9.2f}x"),
+        ("block", f"{'eager':<10}{'compiled':<10}"),
+        *((name, f"{figures[f'{name} eager']:<10.3f}{figures[f'{name} compiled']:<10.3f}") for name in ("cuDNN", "torch")),
+        ("cuDNN / torch", f"{ratio['eager']:.2f}x".ljust(10) + f"{ratio['compiled']:.2f}x"),
     ]

@@ -119,13 +119,15 @@ def decode_ubjson(data: bytes) -> Any:
     return _Reader(bytes(data)).value()
 
 
-# What the frontend's serialized graph (``Graph::serialize``, json_version 1.0) may
-# hold for a plan to run natively. Keys that only describe the graph, and keys whose
-# per-call meaning the native path implements (``NativePlanSpec``). Any other key, or
-# another json_version, means a frontend this was not written for: the Python path.
-_JSON_VERSIONS = frozenset({"1.0"})
+# What the frontend's serialized graph (``Graph::serialize``; json_version 2.0 in
+# frontend 1.32, 1.0 before) may hold for a plan to run natively. Keys that only
+# describe the graph, and keys whose per-call meaning the native path implements
+# (``NativePlanSpec``). Any other key, or another json_version, means a frontend this
+# was not written for: the Python path.
+_JSON_VERSIONS = frozenset({"1.0", "2.0"})
 _DESCRIPTIVE_KEYS = frozenset(
-    {"context", "json_version", "cudnn_backend_version", "cudnn_frontend_version", "nodes", "tensors", "behavior_notes", "cudnn_backend_data", "variant_pack_uids"}
+    {"context", "json_version", "cudnn_backend_version", "cudnn_frontend_version", "nodes", "tensors", "behavior_notes",
+     "cudnn_backend_data", "variant_pack_uids", "gid", "aligned_operands"}
 )
 _PER_CALL_KEYS = frozenset({"pass_by_values", "workspace_modifications", "variant_pack_replacements", "fe_workspace_size", "tensors_to_dump"})
 
@@ -133,7 +135,13 @@ _PER_CALL_KEYS = frozenset({"pass_by_values", "workspace_modifications", "varian
 # serialized as {"index": i, "value": v}; float, half and bf16 values as float32 bit
 # patterns in hex (the frontend's adl_serializer<float>).
 _BY_VALUE_FORMATS = {0: "int64", 1: "int32", 2: "half", 3: "float", 4: "double", 5: "bfloat16"}
-_WORKSPACE_MEMSET = 1  # workspace_modifications kind: zero `size` bytes at the offset (0 = copy floats: not native)
+# workspace_modifications: {uid: [kind, offset, data]}, the tensor at workspace + offset
+# in the frontend's region. Kind 0 copies `data` (floats) there first (not native),
+# kind 1 zeroes data[0] bytes there first, kind 2 only places the tensor (the plan
+# initializes it).
+_WORKSPACE_MEMSET, _WORKSPACE_PLACED = 1, 2
+# The alignment the native kernel guarantees every operand pointer (see OperandLayout).
+_NATIVE_ALIGNMENT = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,9 +202,13 @@ def backend_plan_of(graph, uids: Tuple[int, ...]) -> Tuple[Optional[NativePlanSp
         return None, f"a pass-by-value scalar the native path cannot read ({type(error).__name__}: {error})"
     workspace_tensors = []
     for uid, (kind, offset, data) in (document.get("workspace_modifications") or {}).items():
-        if kind != _WORKSPACE_MEMSET:
+        if kind not in (_WORKSPACE_MEMSET, _WORKSPACE_PLACED):
             return None, f"needs the frontend per call (workspace_modifications of kind {kind})"
-        workspace_tensors.append((int(uid), int(offset), int(_float_bits(data[0]))))
+        zeroed = int(_float_bits(data[0])) if kind == _WORKSPACE_MEMSET else 0
+        workspace_tensors.append((int(uid), int(offset), zeroed))
+    for uid, alignment in (document.get("aligned_operands") or {}).items():  # {uid: [bytes, element size]}
+        if int(alignment[0]) > _NATIVE_ALIGNMENT:
+            return None, f"operand {uid} needs {alignment[0]}-byte alignment; the native path guarantees {_NATIVE_ALIGNMENT}"
     replacements = tuple(
         (int(uid), int(source), int(offset)) for uid, (source, offset) in _replacement_items(document.get("variant_pack_replacements"))
     )

@@ -1,7 +1,6 @@
 #include "pool/cudnn_handle_pool.h"
 
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -13,9 +12,9 @@ namespace {
 std::atomic<uint64_t> all_set_stream_calls{0};
 
 PooledCudnnHandle* create_pooled_handle(int device) {
-  // cudnnCreate binds the handle to the current device; the guard (c10's, which
-  // also makes the device's primary context current) puts us there and back.
-  c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+  // cudnnCreate binds the handle to the current device: the device's context for the
+  // call, then the caller's again (a cold thread keeps the device's, the guard's rule).
+  context::ContextGuard context(device, nullptr, nullptr);
   cudnnHandle_t raw = nullptr;
   backend::check_cudnn(backend::cudnn_library().create(&raw), "cudnnCreate");
   auto* handle = new PooledCudnnHandle();  // owned by the pool, never freed
