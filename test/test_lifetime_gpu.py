@@ -187,13 +187,14 @@ def test_a_misaligned_view_runs_correctly(which, native):
 
 
 def test_a_failed_native_registration_falls_back_once_with_its_reason(monkeypatch):
-    from torch_cudnn_handle import native, registry
+    from torch_cudnn_handle import native
+    from torch_cudnn_handle.registry import build
 
     def corrupted(graph, uids):
         spec, why = native.backend_plan_of(graph, uids)
         return (None, why) if spec is None else (native.NativePlanSpec("{not a plan"), why)
 
-    monkeypatch.setattr(registry, "backend_plan_of", corrupted)
+    monkeypatch.setattr(build, "backend_plan_of", corrupted)  # where _build looks it up
     gid = tch.register_graph(linear_relu, name="failed_native")
     inputs = linear_inputs(seed=15)
     builds = tch.registry_stats()["builds"]
@@ -219,6 +220,8 @@ def exercise_every_registered_graph(dtype):
     for causal in (False, True):
         q, k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         sdpa(q, k, v, causal).float().sum().backward()
+        with torch.no_grad():
+            sdpa(q, k, v, causal)  # the inference graph
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -1,0 +1,128 @@
+"""The graph registry: graph builders (or built graphs) in, int ids out.
+
+``torch.ops.cudnn_fe.execute`` takes a graph as an int id, so it works with opcheck,
+torch.compile, export and CUDA graphs on every torch version. An id names a
+definition; the registry turns a definition and a call's inputs into a built graph.
+
+  * ``specs.py``: TensorSpec, GraphLayout, the torch <-> cuDNN dtype tables;
+  * ``description.py``: definitions, and the builder run on a graph description
+    (layouts for the fake kernel);
+  * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
+  * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
+  * here: the public API on the one process-wide registry, and its atexit hook.
+
+Every function here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .. import _C
+from . import description
+from .build import BuiltGraph
+from .cache import GraphRegistry
+from .specs import GraphLayout, TensorSpec
+
+__all__ = [
+    "TensorSpec",
+    "GraphLayout",
+    "BuiltGraph",
+    "register_graph",
+    "register_built_graph",
+    "graph_name",
+    "registry_stats",
+    "set_cache_capacity",
+    "set_native_path",
+    "built_graphs",
+]
+
+_describe = description._describe  # registry._describe: tests and bench describe graphs through it
+
+_registry = GraphRegistry()
+
+
+@atexit.register
+def _drop_built_graphs() -> None:
+    """Release the cached graphs while CUDA is still up (atexit runs before interpreter
+    teardown), instead of leaving them to the frontend's bindings to report as leaked.
+    Native plans are left to the process's end, like the pool's handles. A child forked
+    after handles existed has no CUDA state to release them into: it leaves them."""
+    if _C.with_cuda and _C.forked_after_handles():
+        return
+    _registry.drop_built()
+
+
+def register_graph(
+    builder: Callable[..., Any],
+    *,
+    name: Optional[str] = None,
+    backward: Optional[Callable[..., Any]] = None,
+    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None,
+    backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
+    tune: Optional[bool] = None,
+    **params,
+) -> int:
+    """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
+
+    ``builder(graph, *inputs, **params)`` adds nodes to ``graph`` (a ``cudnn.pygraph``
+    whose io type is the first floating input's dtype and whose intermediate and
+    compute types are float32) for ``inputs`` (one ``cudnn`` tensor per op input, with
+    the call's shapes, strides and dtypes) and returns its output tensor or a sequence
+    of them; the registry marks them as outputs. ``params`` are passed to every call of
+    the builder and are part of the definition: the same builder with other
+    parameters is another id.
+
+    A backward makes ``torch.ops.cudnn_fe.execute(id, ...)`` differentiable; give one of:
+
+    * ``backward``: the builder of one backward graph, ``backward(graph, *operands,
+      **params)``, returning one gradient tensor (or None) per forward input. Its
+      operands are the torch tensors ``backward_operands(grad_outputs, inputs,
+      outputs)`` returns (by default all of them, in that order); return views there
+      (``w.mT``) where the backward graph wants another layout of a saved tensor.
+    * ``backward_fn(grad_outputs, inputs, outputs)``: torch-level code returning one
+      gradient (or None) per forward input, for a backward that takes several graphs
+      (cuDNN fuses one matmul per graph); it typically calls
+      ``torch.ops.cudnn_fe.execute`` on other registered graphs.
+
+    Either runs on the thread autograd picks, on the forward's device and stream.
+    """
+    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn, tune=tune, **params)
+
+
+def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:
+    """Register a ``cudnn.pygraph`` that is already built, with its input and output
+    tensors in the op's order. It runs only on ``device`` and only for inputs of
+    exactly the shapes, strides and dtypes it was built for."""
+    return _registry.register_built(graph, inputs, outputs, device=device, name=name)
+
+
+def graph_name(graph_id: int) -> str:
+    return _registry.definition(graph_id).name
+
+
+def registry_stats() -> dict:
+    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity,
+    and how many cached graphs run natively (from C++) or on the Python path."""
+    return _registry.stats()
+
+
+def set_native_path(enabled: bool) -> None:
+    """Whether graphs built from now on may run natively (from C++). Graphs already
+    built keep their path. Off by default on builds without CUDA."""
+    _registry.native_enabled = bool(enabled) and _C.with_cuda
+
+
+def built_graphs(graph_id: int) -> list:
+    """The cached BuiltGraph objects of ``graph_id`` (one per device and input layout)."""
+    return _registry.built_of(graph_id)
+
+
+def set_cache_capacity(capacity: int) -> None:
+    """Bound the number of built graphs kept (least recently used are evicted first)."""
+    if capacity < 1:
+        raise ValueError("the built-graph cache needs a capacity of at least 1")
+    _registry.set_capacity(capacity)

@@ -1,0 +1,109 @@
+"""Building one graph for one device: ``_build`` and its result, ``BuiltGraph``.
+
+``_build`` runs on the calling thread (cache.py makes sure one thread per key does),
+inside ``build_scope(device)``, with that thread's pooled handle for the device:
+
+  * the description is built with plan_tuning.build_graph (untuned: exactly
+    ``graph.build([A, FALLBACK])``);
+  * the build must write every output in the layout its description reported (the op
+    allocates outputs, and the fake kernel reports them, from the description);
+  * a backend-served plan is handed to the native path (``native.backend_plan_of``,
+    ``_C.native_register``), deserialized here, in the build scope; if that fails for
+    any reason the graph stays on the Python path, which runs every plan, and
+    ``path_reason`` says why.
+
+A ``BuiltGraph`` belongs to its device: the device is part of the cache key, and a
+registered built graph refuses inputs on another device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence, Tuple
+
+from .. import _C, plan_tuning
+from ..build_scope import build_scope
+from ..native import backend_plan_of
+from .description import _Definition, _describe
+from .specs import _TORCH_OF_CUDNN, GraphLayout, TensorSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltGraph:
+    """A graph built for one device and one set of input specs."""
+
+    graph: Any  # cudnn.pygraph, built
+    device: int
+    inputs: Tuple[TensorSpec, ...]
+    layout: GraphLayout
+    uids: Tuple[int, ...]  # operand uids, inputs then outputs: the op's buffer order
+    workspace_size: int
+    native: bool = False  # cudnn_fe.execute runs it from C++ (native.py)
+    path_reason: str = ""  # why it runs where it runs
+    engine: str = ""  # what serves it: a frost engine's name, or the backend plan's
+    native_serial: int = 0  # the native plan's id in the extension (0: none)
+    plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
+    tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
+
+
+def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool) -> BuiltGraph:
+    with build_scope(device) as handle:
+        graph, inputs, outputs, layout = _describe(definition, specs, handle)
+        uids = tuple(t.uid for t in inputs + outputs)
+        choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
+            graph,
+            tune=definition.tune,
+            device=device,
+            handle=handle,
+            input_specs=_layouts(specs),
+            output_specs=_layouts(layout.outputs),
+            uids=uids,
+            name=definition.name,
+            fresh_graph=lambda: _describe(definition, specs, handle)[0],
+        )
+        _check_built_layout(definition, outputs, layout)
+        workspace = int(graph.get_workspace_size())
+        engine = _engine_of(graph)
+        native, serial, reason = False, 0, "native path disabled"
+        if native_enabled:
+            spec, reason = backend_plan_of(graph, uids)
+            if spec is not None:
+                try:  # deserialized here, inside the build scope, with this thread's handle for the device
+                    serial, _ = _C.native_register(
+                        definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids), spec.plan_json.encode("utf-8"),
+                        by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
+                        workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
+                    )
+                    native, reason = True, "backend plan, run from C++"
+                except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
+                    reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
+    return BuiltGraph(graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice)
+
+
+def _engine_of(graph) -> str:
+    """What serves the graph's selected plan: a frost (Python) engine's name, or the backend plan's."""
+    engine = getattr(graph, "selected_engine", None)
+    if engine is not None:
+        return f"frost:{engine.name}"
+    try:
+        return f"backend:{graph.get_plan_name_at_index(graph._plan_index)}"
+    except Exception:  # noqa: BLE001 -- a name is a report, never a reason to fail a build
+        return "backend"
+
+
+def _check_built_layout(definition: _Definition, outputs, layout: GraphLayout) -> None:
+    """The op allocates outputs from the description (and the fake kernel reports it);
+    the build must write exactly that, or results would land in the wrong layout."""
+    for i, (tensor, expected) in enumerate(zip(outputs, layout.outputs)):
+        written = (tuple(tensor.dim), tuple(tensor.stride), _TORCH_OF_CUDNN.get(tensor.data_type))
+        if written != (expected.shape, expected.stride, expected.dtype):
+            raise ValueError(
+                f"graph {definition.name!r}: the build writes output {i} as {written[2]}{list(written[0])} stride "
+                f"{list(written[1])}, but its description said {expected.describe()}; declare the output's layout "
+                "in the builder (tensor.set_dim(...).set_stride(...).set_data_type(...))"
+            )
+
+
+def _layouts(specs: Sequence[TensorSpec]) -> list:
+    """Specs as the (shape, stride, dtype) lists plan_tuning and the extension take."""
+    return [(list(s.shape), list(s.stride), s.dtype) for s in specs]

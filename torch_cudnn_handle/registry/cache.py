@@ -1,0 +1,277 @@
+"""``GraphRegistry``: definitions by id, the bounded LRU of built graphs, and layouts.
+
+  * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes), a
+    layout per (id, input TensorSpecs). A registered built graph is never in the LRU:
+    its definition holds it.
+  * Each key is built once. The first caller builds, outside the lock; concurrent first
+    callers of that key wait for its ``_InFlightBuild`` and get its result or its
+    error. A failed build is not kept: the next call tries again.
+  * No build while the device's current stream captures a CUDA graph: the call is
+    refused, with the fix (warm up before capture).
+  * Recency covers both paths. A native call never reaches Python, so eviction reads
+    its last use from the extension (``_C.native_last_used``, same monotonic clock) and
+    has the extension forget an evicted native plan.
+  * Lifetimes: definitions live for the process, built graphs until evicted. A call
+    executing one holds its own reference, and a CUDA graph that captured one keeps
+    what it needs alive (``_C.keep_alive_while_captured``), so eviction never breaks a
+    call or a replay.
+  * Thread safety: one lock guards every table, and no build, description or user code
+    runs under it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import threading
+import time
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+from .. import _C
+from .build import BuiltGraph, _build
+from .description import (
+    _check_arity,
+    _check_built_graph_inputs,
+    _check_built_graph_specs,
+    _default_backward_operands,
+    _Definition,
+    _describe,
+    _positional_arity,
+)
+from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
+
+
+class _InFlightBuild:
+    def __init__(self):
+        self.done = threading.Event()
+        self.result: Optional[BuiltGraph] = None
+        self.error: Optional[BaseException] = None
+
+
+class GraphRegistry:
+    """Definitions by id, and an LRU cache of built graphs (see the module docstring)."""
+
+    def __init__(self, capacity: int = 1024, layout_capacity: int = 4096):
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._definitions: Dict[int, _Definition] = {}
+        self._built: "collections.OrderedDict[tuple, BuiltGraph]" = collections.OrderedDict()
+        self._used_ns: Dict[tuple, int] = {}  # when the Python side last served each key
+        self._in_flight: Dict[tuple, _InFlightBuild] = {}
+        self._layouts: "collections.OrderedDict[tuple, GraphLayout]" = collections.OrderedDict()
+        self.capacity = capacity
+        self.layout_capacity = layout_capacity
+        # Backend plans run from C++ on CUDA builds; TORCH_CUDNN_HANDLE_NATIVE=0 (or
+        # set_native_path(False)) keeps every later build on the Python path.
+        self.native_enabled = _C.with_cuda and os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") != "0"
+        self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
+
+    # -- definitions -------------------------------------------------------------
+
+    def _add(self, definition_args: dict) -> int:
+        with self._lock:
+            graph_id = next(self._ids)
+            self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
+            return graph_id
+
+    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, tune=None, **params) -> int:
+        if builder is None:
+            raise TypeError("register_graph: expected a builder callable, got None")
+        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands), ("backward_fn", backward_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
+        if backward_operands is not None and backward is None:
+            raise TypeError("register_graph: backward_operands needs a backward builder")
+        if backward is not None and backward_fn is not None:
+            raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
+        name = name or getattr(builder, "__name__", "graph")
+        backward_id = None
+        if backward is not None:
+            backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune))
+        return self._add(
+            dict(
+                name=name,
+                builder=builder,
+                params=dict(params),
+                num_inputs=_positional_arity(builder),
+                backward_id=backward_id,
+                backward_operands=backward_operands or _default_backward_operands,
+                backward_fn=backward_fn,
+                tune=tune,
+            )
+        )
+
+    def register_built(self, graph, inputs, outputs, *, device, name=None) -> int:
+        ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+        if ordinal is None:
+            raise ValueError("register_built_graph: name the device the graph was built for, e.g. device='cuda:0'")
+        in_specs = tuple(_spec_of_cudnn_tensor(t, f"input {i}") for i, t in enumerate(inputs))
+        out_specs = tuple(_spec_of_cudnn_tensor(t, f"output {i}") for i, t in enumerate(outputs))
+        built = BuiltGraph(
+            graph=graph,
+            device=ordinal,
+            inputs=in_specs,
+            layout=GraphLayout(out_specs, tuple(range(len(out_specs)))),
+            uids=tuple(t.uid for t in list(inputs) + list(outputs)),
+            workspace_size=int(graph.get_workspace_size()),
+        )
+        return self._add(dict(name=name or "built_graph", builder=None, params={}, num_inputs=len(in_specs), built=built))
+
+    def definition(self, graph_id: int) -> _Definition:
+        definition = self._definitions.get(graph_id)
+        if definition is None:
+            raise ValueError(
+                f"cudnn_fe.execute: unknown graph id {graph_id}; ids come from torch_cudnn_handle.register_graph() "
+                "(or register_built_graph()) in this process"
+            )
+        return definition
+
+    def differentiable(self, forward_id: int) -> _Definition:
+        """The definition of ``forward_id``, which must have a backward."""
+        forward = self.definition(forward_id)
+        if forward.backward_id is None and forward.backward_fn is None:
+            raise RuntimeError(
+                f"graph {forward.name!r} (id {forward_id}) has no backward, so it cannot be differentiated; register it "
+                "with register_graph(builder, backward=backward_builder) or register_graph(builder, backward_fn=fn)"
+            )
+        return forward
+
+    # -- layouts and builds ------------------------------------------------------
+
+    def layout(self, graph_id: int, specs: Tuple[TensorSpec, ...]) -> GraphLayout:
+        definition = self.definition(graph_id)
+        if definition.built is not None:
+            _check_built_graph_specs(definition, specs)
+            return definition.built.layout
+        _check_arity(definition, len(specs))
+        key = (graph_id, specs)
+        with self._lock:
+            layout = self._layouts.get(key)
+            if layout is not None:
+                self._layouts.move_to_end(key)
+                return layout
+        layout = _describe(definition, specs)[3]
+        with self._lock:
+            self._layouts[key] = layout
+            while len(self._layouts) > self.layout_capacity:
+                self._layouts.popitem(last=False)
+        return layout
+
+    def built_graph(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple) -> BuiltGraph:
+        """The graph ``graph_id`` built for ``device`` and these inputs; built on first
+        use. ``key_specs`` is ``tuple((t.shape, t.stride(), t.dtype) for t in inputs)``."""
+        key = (graph_id, device, key_specs)
+        with self._lock:
+            built = self._built.get(key)
+            if built is not None:
+                self._used_ns[key] = time.monotonic_ns()
+                self.counters["hits"] += 1
+                return built
+        definition = self.definition(graph_id)
+        if definition.built is not None:
+            return _check_built_graph_inputs(definition, device, inputs)
+        return self._build_once(key, definition, device, tuple(TensorSpec.of(t) for t in inputs))
+
+    def _build_once(self, key, definition: _Definition, device: int, specs) -> BuiltGraph:
+        _check_arity(definition, len(specs))
+        with self._lock:
+            built = self._built.get(key)
+            if built is not None:
+                self.counters["hits"] += 1
+                return built
+            self.counters["misses"] += 1
+            flight = self._in_flight.get(key)
+            owner = flight is None
+            if owner:
+                flight = self._in_flight[key] = _InFlightBuild()
+        if not owner:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.result
+        try:
+            if _capturing(device):
+                raise RuntimeError(
+                    f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
+                    f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
+                    "which a build cannot be part of. Warm up before capture: run the same call once outside it."
+                )
+            if _C.with_cuda:
+                _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
+            built = _build(definition, device, specs, self.native_enabled)
+        except BaseException as error:
+            flight.error = error
+            with self._lock:
+                del self._in_flight[key]
+            flight.done.set()
+            raise
+        with self._lock:
+            self.counters["builds"] += 1
+            self._built[key] = built
+            self._used_ns[key] = time.monotonic_ns()
+            self._evict_over_capacity()
+            del self._in_flight[key]
+        flight.result = built
+        flight.done.set()
+        return built
+
+    # -- the LRU -----------------------------------------------------------------
+
+    def _evict_over_capacity(self) -> None:
+        """Drop the least recently used built graphs beyond capacity (lock held). A native
+        call never comes through here, so its plan's use is read from the extension (same
+        monotonic clock)."""
+        if len(self._built) <= self.capacity:
+            return
+        native_used = _C.native_last_used() if any(built.native for built in self._built.values()) else {}
+
+        def last_use(item):
+            key, built = item
+            return max(self._used_ns[key], native_used.get(built.native_serial, 0))
+
+        while len(self._built) > self.capacity:
+            key, evicted = min(self._built.items(), key=last_use)
+            del self._built[key], self._used_ns[key]
+            self.counters["evictions"] += 1
+            if evicted.native:
+                _C.native_forget(key[0], evicted.native_serial)
+
+    def set_capacity(self, capacity: int) -> None:
+        with self._lock:
+            self.capacity = capacity
+            self._evict_over_capacity()
+
+    def built_of(self, graph_id: int) -> list:
+        """The cached BuiltGraph objects of ``graph_id``, one per device and input layout."""
+        with self._lock:
+            return [built for (gid, _, _), built in self._built.items() if gid == graph_id]
+
+    def drop_built(self) -> None:
+        """Forget every built graph and layout, registered built graphs included (the ids stay)."""
+        with self._lock:
+            self._built.clear()
+            self._used_ns.clear()
+            self._layouts.clear()
+            for definition in self._definitions.values():
+                definition.built = None
+
+    def stats(self) -> dict:
+        with self._lock:
+            native = sum(1 for built in self._built.values() if built.native)
+            return dict(
+                self.counters,
+                cached=len(self._built),
+                native=native,
+                python_path=len(self._built) - native,
+                engines=dict(collections.Counter(built.engine for built in self._built.values())),
+                capacity=self.capacity,
+                definitions=len(self._definitions),
+            )
+
+
+def _capturing(device: int) -> bool:
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,53 @@
+"""The registry's value types: operand specs, output layouts, and the dtype tables.
+
+All are frozen and hashable: a tuple of ``TensorSpec`` is part of the cache keys.
+Shapes and strides are plain ints (never symbolic): a cuDNN graph is built for exact
+shapes and strides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+import torch
+from cudnn.datatypes import torch_to_cudnn_data_type
+
+# The dtypes a graph's tensors may have, and their cudnn.data_type (the frontend's own table).
+_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool)
+_TORCH_OF_CUDNN = {torch_to_cudnn_data_type(dt): dt for dt in _TORCH_DTYPES}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape, stride (in elements) and dtype of one graph operand."""
+
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "TensorSpec":
+        # int() specializes a symbolic size under torch.compile(dynamic=True): a cuDNN
+        # graph is built for exact shapes and strides, so that is the truth.
+        return cls(tuple(int(n) for n in tensor.shape), tuple(int(n) for n in tensor.stride()), tensor.dtype)
+
+    def describe(self) -> str:
+        return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphLayout:
+    """What a call's outputs look like: their specs, and for each output the position
+    (in the builder's returned sequence) it came from; a builder may return None for
+    a slot (a backward builder does, for a forward input with no gradient)."""
+
+    outputs: Tuple[TensorSpec, ...]
+    output_positions: Tuple[int, ...]
+
+
+def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
+    dtype = _TORCH_OF_CUDNN.get(tensor.data_type)
+    if dtype is None or not tensor.dim:
+        raise ValueError(f"register_built_graph: {what} needs dims, strides and a torch-representable data type")
+    return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype)
