@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, run_concurrently
-from test_pool_gpu import device_counts, run_in_thread, wait_for_in_use
+from conftest import requires_cuda, run_concurrently, run_in_thread
+from test_pool_gpu import device_counts, wait_for_in_use
 from torch_cudnn_handle.frontend_ops import SEAMS, adopt_frontend_ops, restore_frontend_ops
 
 pytestmark = requires_cuda

@@ -9,9 +9,8 @@ import torch
 from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, run_concurrently
+from conftest import requires_cuda, run_concurrently, run_in_thread
 from graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference
-from test_pool_gpu import run_in_thread
 
 pytestmark = requires_cuda
 
@@ -354,3 +353,17 @@ def test_backend_plans_run_natively_and_match_the_python_path():
     out = torch.empty_like(native)
     torch.ops.cudnn_fe.execute.out(native_id, inputs, out=[out])
     torch.testing.assert_close(out, native, atol=0, rtol=0)
+
+
+def test_the_ubjson_decoder_reads_the_frontends_own_serialized_graphs():
+    import json
+
+    from torch_cudnn_handle.native import decode_ubjson
+
+    execute(linear_inputs(seed=21))
+    (built,) = [b for b in tch.built_graphs(LINEAR_RELU) if b.inputs[0].shape == (2, 16, 32)][:1]
+    document = decode_ubjson(built.graph.serialize(as_bytes=True))  # every byte consumed, or it raises
+    plan = json.loads(document["cudnn_backend_data"])
+    operands = {str(uid) for uid in built.uids}
+    assert operands <= {tensor["name"] for tensor in plan["operationGraph"]["tensors"]}
+    assert set(built.uids) <= set(document["variant_pack_uids"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import outcome_in_forked_child, requires_cuda
+from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda
@@ -25,23 +25,6 @@ def wait_for_in_use(expected, device=0, timeout=10.0):
     while device_counts(device)["in_use"] > expected:
         assert time.monotonic() < deadline, f"in_use stuck at {device_counts(device)}"
         time.sleep(0.001)
-
-
-def run_in_thread(fn):
-    result, error = [], []
-
-    def body():
-        try:
-            result.append(fn())
-        except BaseException as e:  # noqa: BLE001 -- re-raised on the calling thread
-            error.append(e)
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
 
 
 def small_matmul_graph():
