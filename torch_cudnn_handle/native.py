@@ -116,7 +116,11 @@ class _Reader:
 
 
 def decode_ubjson(data: bytes) -> Any:
-    return _Reader(bytes(data)).value()
+    reader = _Reader(bytes(data))
+    value = reader.value()
+    if reader.at != len(reader.data):
+        raise ValueError(f"UBJSON: {len(reader.data) - reader.at} bytes after the value")
+    return value
 
 
 # What the frontend's serialized graph (``Graph::serialize``; json_version 2.0 in

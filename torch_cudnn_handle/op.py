@@ -1,20 +1,17 @@
 """The Python side of ``torch.ops.cudnn_fe.execute`` and ``execute.out`` (csrc/op).
 
-* CUDA: the C++ kernel (csrc/op/execute_kernel.cpp) runs a call a native plan serves
-  with no Python at all. Every other call comes here (``_execute_cuda``): the inputs'
-  device picks the built graph (registry.py, which builds it on first use and hands
-  backend plans to the native path) and the pooled handle (``current_handle``: torch's
-  current stream there, the right context bound); outputs and workspace come from
-  torch's caching allocator on that stream, and the frontend's ordered execute runs
-  the graph. Nothing here synchronizes or allocates outside torch, so a warm call is
-  capturable into a CUDA graph.
-* CPU kernel: refuses, clearly (cuDNN graphs run on CUDA tensors).
-* Fake kernel: output shapes, strides and dtypes from the graph's layout (the
-  builder run on a description, never built), so torch.compile traces the op without
-  a GPU and without graph breaks.
-* Autograd: the C++ Autograd kernel (csrc/op/execute_autograd.cpp) records the node;
-  its backward calls ``_backward`` here, on whichever thread autograd uses (its worker
-  threads start with no CUDA context; the pool binds one).
+* CUDA: the C++ kernel (csrc/op/cuda_kernels.cpp) runs a call a native plan serves with
+  no Python at all, and sends every other call here (``_execute_cuda``) on the inputs'
+  device, this thread's pooled handle and the right context: the registry builds the
+  graph on first use (and hands a backend plan to the native path, which then runs this
+  first call too); otherwise the frontend's ordered execute runs it, with outputs and
+  workspace from torch's caching allocator on the current stream. Nothing here
+  synchronizes or allocates outside torch, so a warm call is capturable.
+* Refusals: CPU tensors, another backend, no tensor at all (CompositeExplicitAutograd).
+* Fake kernel: output layouts from the graph's description (never built), so
+  torch.compile traces the op without a GPU; it refuses what a real call would.
+* Autograd: the C++ kernels (csrc/op/autograd_kernels.cpp) record the node; its backward
+  calls ``_backward`` here, on whichever thread autograd uses.
 """
 
 from __future__ import annotations
@@ -102,6 +99,10 @@ def _empty_outputs(layout, device) -> List[torch.Tensor]:
 
 def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = _built_for_call(graph, inputs)
+    if built.native:  # built by this call: its first run on the plan every later call runs on
+        outputs = _C.run_native(graph, inputs)
+        if outputs is not None:
+            return outputs
     outputs = _empty_outputs(built.layout, inputs[0].device)
     _launch(built, inputs, outputs)
     return outputs
@@ -119,6 +120,8 @@ def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch
                 f"{tensor.device}, but the graph writes {spec.describe()} on {inputs[0].device}; allocate it with "
                 "torch.empty_strided(shape, stride, dtype=..., device=...)."
             )
+    if built.native and _C.run_native_out(graph, inputs, out):
+        return
     staged = _aligned(out)
     _launch(built, inputs, staged)
     for target, written in zip(out, staged):
@@ -180,14 +183,29 @@ def _run_backward_graph(forward, grads, inputs, outputs):
     """One backward graph: its outputs are the gradients its builder returned, in order,
     with the None slots (inputs without a gradient) left out."""
     operands = list(forward.backward_operands(grads, inputs, outputs))
-    results = torch.ops.cudnn_fe.execute(forward.backward_id, operands)
-    positions = _registry.layout(forward.backward_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
+    results = execute(forward.backward_id, operands)
+    positions = _output_positions(forward.backward_id, operands)
     grad_inputs = [None] * len(inputs)
     for position, grad in zip(positions, results):
         if position >= len(inputs):
             raise ValueError(f"the backward graph of {forward.name!r} returned more gradients than its forward has inputs ({len(inputs)})")
         grad_inputs[position] = grad
     return grad_inputs
+
+
+_POSITIONS: dict = {}  # (graph id, operand layouts) -> output positions; the backward's hot path
+
+
+def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
+    """Which builder output each of a graph's outputs is, for these operands' layouts."""
+    key = (graph_id, tuple((t.shape, t.stride(), t.dtype) for t in operands))
+    positions = _POSITIONS.get(key)
+    if positions is None:
+        positions = _registry.layout(graph_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
+        if len(_POSITIONS) >= 4096:
+            _POSITIONS.clear()
+        _POSITIONS[key] = positions
+    return positions
 
 
 _C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward)

@@ -2,6 +2,9 @@
 #include <torch/extension.h>
 
 #include "bindings.h"
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+#include "op/cuda_kernels.h"
+#endif
 #include "op/execute_op.h"
 #include "op/python_kernels.h"
 
@@ -22,6 +25,13 @@ void bind_op(py::module& m) {
         execute_out_op().call(graph, inputs, out);
       },
       py::arg("graph"), py::arg("inputs"), py::kw_only(), py::arg("out"), py::call_guard<py::gil_scoped_release>());
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  m.def("run_native", &run_native, py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+        "The call on the native plan of (graph, inputs), or None when there is none: the Python path hands a "
+        "first call back to the plan it just registered.");
+  m.def("run_native_out", &run_native_out, py::arg("graph"), py::arg("inputs"), py::arg("out"),
+        py::call_guard<py::gil_scoped_release>(), "Whether a native plan of (graph, inputs, out) ran the call.");
+#endif
 }
 
 }  // namespace torch_cudnn_handle

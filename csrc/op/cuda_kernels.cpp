@@ -15,6 +15,7 @@
 
 #include "context/context_guard.h"
 #include "native/native_plan.h"
+#include "op/cuda_kernels.h"
 #include "op/python_kernels.h"
 #include "pool/cudnn_handle_pool.h"
 
@@ -41,19 +42,7 @@ void enter_python_path(std::optional<DeviceCall>& call, at::TensorList inputs) {
 
 std::vector<at::Tensor> execute_cuda(int64_t graph, at::TensorList inputs) {
   check_not_forked();
-  if (auto plan = native::NativePlanTable::instance().find(graph, inputs)) {
-    DeviceCall call(plan->device());
-    std::vector<at::Tensor> outputs;
-    outputs.reserve(plan->outputs().size());
-    const auto device = inputs[0].device();
-    for (const auto& layout : plan->outputs()) {
-      // Straight from the CUDA allocator (device-guarded inside), not through the
-      // dispatcher: this is the hot path, and the tensors are real CUDA tensors.
-      outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
-    }
-    plan->execute(call.handle, call.stream, inputs, outputs);
-    return outputs;
-  }
+  if (auto outputs = run_native(graph, inputs)) return std::move(*outputs);
   std::optional<DeviceCall> call;
   enter_python_path(call, inputs);
   return python_kernels::execute(graph, inputs);
@@ -61,19 +50,39 @@ std::vector<at::Tensor> execute_cuda(int64_t graph, at::TensorList inputs) {
 
 void execute_out_cuda(int64_t graph, at::TensorList inputs, at::TensorList out) {
   check_not_forked();
-  if (auto plan = native::NativePlanTable::instance().find(graph, inputs)) {
-    if (plan->matches_outputs(out)) {
-      DeviceCall call(plan->device());
-      plan->execute(call.handle, call.stream, inputs, out);
-      return;
-    }  // else: the Python path names what is wrong with `out`, or stages a misaligned one
-  }
+  // Else the Python path names what is wrong with `out`, or stages a misaligned one.
+  if (run_native_out(graph, inputs, out)) return;
   std::optional<DeviceCall> call;
   enter_python_path(call, inputs);
   python_kernels::execute_out(graph, inputs, out);
 }
 
 }  // namespace
+
+std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList inputs) {
+  auto plan = native::NativePlanTable::instance().find(graph, inputs);
+  if (!plan) return std::nullopt;
+  DeviceCall call(plan->device());
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(plan->outputs().size());
+  const auto device = inputs[0].device();
+  for (const auto& layout : plan->outputs()) {
+    // Straight from the CUDA allocator (device-guarded inside), not through the
+    // dispatcher: this is the hot path, and the tensors are real CUDA tensors.
+    outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
+  }
+  plan->execute(call.handle, call.stream, inputs, outputs);
+  return outputs;
+}
+
+bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out) {
+  auto plan = native::NativePlanTable::instance().find(graph, inputs);
+  if (!plan || !plan->matches_outputs(out)) return false;
+  DeviceCall call(plan->device());
+  plan->execute(call.handle, call.stream, inputs, out);
+  return true;
+}
+
 }  // namespace torch_cudnn_handle
 
 TORCH_LIBRARY_IMPL(cudnn_fe, CUDA, m) {

@@ -1,0 +1,19 @@
+// The native half of the CUDA kernels, for the Python path to hand a call back to once
+// the build it just did registered a native plan: a graph's first call then runs on the
+// same plan as every later one, so cuDNN's first-execution work happens once, not twice.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+namespace torch_cudnn_handle {
+
+// The call on the native plan matching (graph, inputs), or nullopt when there is none.
+std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList inputs);
+
+// Whether a native plan matching (graph, inputs, out) ran the call.
+bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out);
+
+}  // namespace torch_cudnn_handle
