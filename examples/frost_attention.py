@@ -39,25 +39,10 @@ def require_cute_dsl(example: str) -> None:
 
 
 def causal_sdpa_inference(graph, q, k, v):
-    """``softmax(Q K^T / sqrt(D), causal) V``, no softmax stats; O declared in Q's layout."""
-    import cudnn
+    """The package's inference sdpa graph (``nn.attention.sdpa_inference_forward``), causal."""
+    from torch_cudnn_handle.nn.attention import sdpa_inference_forward
 
-    from torch_cudnn_handle.nn._layout import declare, like_layout
-
-    b, h, s_q, d = q.dim
-    o, _ = graph.sdpa(
-        name="sdpa",
-        q=q,
-        k=k,
-        v=v,
-        generate_stats=False,  # inference: the node returns [O, None]
-        attn_scale=float(d) ** -0.5,
-        use_padding_mask=False,
-        diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,  # causal as torch's is_causal=True
-        diagonal_band_right_bound=0,
-    )
-    o_dim = [b, h, s_q, v.dim[3]]
-    return declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
+    return sdpa_inference_forward(graph, q, k, v, causal=True)
 
 
 def check_engine(checker: Checker, label: str, engine: str) -> None:

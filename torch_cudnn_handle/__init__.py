@@ -4,7 +4,7 @@
   device, on torch's current stream there (``pool.py``, ``csrc/pool``, ``csrc/context``).
 * ``build_scope(device)``: build graphs for a device (``build_scope.py``).
 * ``register_graph(builder, ...)``: hand a graph builder (or a built graph) to the
-  registry and get the int id ``torch.ops.cudnn_fe.execute`` takes (``registry.py``,
+  registry and get the int id ``torch.ops.cudnn_fe.execute`` takes (``registry/``,
   ``op.py``).
 * ``adopt_frontend_ops()``: the frontend's own torch ops take their handles from the
   pool (``frontend_ops.py``).

@@ -130,26 +130,21 @@ def _train(block, reference, dtype) -> bool:
     return agree
 
 
-def _ms_per_step(step, iters: int) -> float:
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        step()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / iters
+def _time(candidates, rounds: int = 3):
+    """Median ms per training step of each candidate over `rounds` interleaved rounds of
+    torch.utils.benchmark's blocked_autorange (wall time, CUDA synchronized around each
+    block: the step time a user sees, host-bound or GPU-bound alike)."""
+    from torch.utils import benchmark
 
-
-def _time(candidates, iters: int = 20, warmup: int = 3, rounds: int = 5):
-    """Median ms per step of each candidate, rounds interleaved (same run, same clocks)."""
     for step in candidates.values():
-        for _ in range(warmup):
+        for _ in range(3):
             step()
     torch.cuda.synchronize()
     samples = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, step in candidates.items():
-            samples[name].append(_ms_per_step(step, iters))
+            measurement = benchmark.Timer("step()", globals={"step": step}).blocked_autorange(min_run_time=0.5)
+            samples[name].append(measurement.median * 1e3)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -187,7 +182,7 @@ def _train_and_time() -> int:
             "torch compiled": training_step(compiled["torch"]),
         }
     )
-    print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 5 interleaved rounds of 20 steps")
+    print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 3 interleaved rounds of torch.utils.benchmark")
     for line in timing_rows(figures):
         row(*line)
     row("handle pool", format_stats(tch.pool_stats()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-__all__ = ["row_major", "like_layout", "declare"]
+__all__ = ["row_major", "like_layout", "declare", "split_heads", "merge_heads"]
 
 
 def row_major(dim: Sequence[int]) -> List[int]:
@@ -46,3 +46,15 @@ def like_layout(dim: Sequence[int], like_stride: Sequence[int]) -> List[int]:
 def declare(tensor, dim: Sequence[int], stride: Sequence[int], data_type):
     """Set an output's dims, strides and data type (see the module docstring)."""
     return tensor.set_dim([int(d) for d in dim]).set_stride([int(s) for s in stride]).set_data_type(data_type)
+
+
+def split_heads(t, heads: int):
+    """``[B, S, H*D]`` as ``[B, H, S, D]``: a view, BSHD in memory (what attention reads)."""
+    b, s, width = t.shape
+    return t.view(b, s, heads, width // heads).transpose(1, 2)
+
+
+def merge_heads(o):
+    """``[B, H, S, D]`` back to ``[B, S, H*D]`` (a view when ``o`` is BSHD in memory)."""
+    b, h, s, d = o.shape
+    return o.transpose(1, 2).reshape(b, s, h * d)

@@ -24,11 +24,12 @@ from torch import nn
 
 import cudnn
 
+from ..op import execute
 from ..registry import register_graph
-from ._layout import declare, like_layout, row_major
+from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .linear import FusedLinear
 
-__all__ = ["sdpa", "Attention", "SDPA_GRAPHS"]
+__all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
 
 
 def _mask(causal: bool) -> dict:
@@ -54,6 +55,17 @@ def sdpa_forward(graph, q, k, v, *, causal: bool):
         declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type),
         declare(stats, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT),
     ]
+
+
+def sdpa_inference_forward(graph, q, k, v, *, causal: bool):
+    """``O`` alone, no softmax statistics: what a call that needs no gradient runs. With
+    head dim 512 on sm90 a frost engine (``sdpa_fwd_prefill_sm90``) serves it."""
+    b, h, s_q, _ = q.dim
+    o, _ = graph.sdpa(
+        name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=_scale(q), use_padding_mask=False, **_mask(causal)
+    )
+    o_dim = [b, h, s_q, v.dim[3]]
+    return declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
 
 
 def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
@@ -95,14 +107,23 @@ SDPA_GRAPHS = {
 }
 
 
+SDPA_INFERENCE_GRAPHS = {
+    causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", causal=causal)
+    for causal in (False, True)
+}
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal)`` on cuDNN.
 
     ``q, k, v``: ``[B, H, S, D]`` fp16 or bf16 (any dimension order in memory, the
     head dimension innermost), ``D`` a multiple of 8; scale ``1/sqrt(D)``.
-    Differentiable (the backward is the sdpa_backward graph).
+    Differentiable (the backward is the sdpa_backward graph); a call that needs no
+    gradient runs the inference graph, which writes no softmax statistics.
     """
-    return torch.ops.cudnn_fe.execute(SDPA_GRAPHS[bool(causal)], [q, k, v])[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return execute(SDPA_GRAPHS[bool(causal)], [q, k, v])[0]
+    return execute(SDPA_INFERENCE_GRAPHS[bool(causal)], [q, k, v])[0]
 
 
 class Attention(nn.Module):
@@ -116,14 +137,9 @@ class Attention(nn.Module):
         self.dim, self.heads, self.causal = dim, heads, causal
         self.q, self.k, self.v, self.out = (FusedLinear(dim, dim, activation=None, device=device, dtype=dtype) for _ in range(4))
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        b, s, _ = t.shape
-        return t.view(b, s, self.heads, self.dim // self.heads).transpose(1, 2)  # [B, H, S, D], BSHD in memory
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        o = sdpa(self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x)), self.causal)
-        return self.out(o.transpose(1, 2).reshape(b, s, self.dim))
+        q, k, v = (split_heads(projection(x), self.heads) for projection in (self.q, self.k, self.v))
+        return self.out(merge_heads(sdpa(q, k, v, self.causal)))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

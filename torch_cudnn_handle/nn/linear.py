@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..op import execute
 from ..registry import register_graph
 from ._layout import declare, row_major
 
@@ -86,13 +87,13 @@ def _make_backward(activation: Optional[str]):
     def linear_backward(grads, inputs, outputs):
         dy, x, w = grads[0], inputs[0], inputs[1]  # x [1, R, K], w [1, K, N] (a view of weight [N, K])
         if activation == "relu":
-            (dz,) = torch.ops.cudnn_fe.execute(RELU_BACKWARD, [dy, outputs[0]])
+            (dz,) = execute(RELU_BACKWARD, [dy, outputs[0]])
         elif activation == "gelu":
-            (dz,) = torch.ops.cudnn_fe.execute(GELU_BACKWARD, [dy, outputs[1]])
+            (dz,) = execute(GELU_BACKWARD, [dy, outputs[1]])
         else:
             dz = dy
-        (dx,) = torch.ops.cudnn_fe.execute(MATMUL, [dz, w.mT])  # [1, R, N] @ [1, N, K]
-        (dw,) = torch.ops.cudnn_fe.execute(MATMUL, [dz.mT, x])  # [1, N, R] @ [1, R, K]: weight's own layout
+        (dx,) = execute(MATMUL, [dz, w.mT])  # [1, R, N] @ [1, N, K]
+        (dw,) = execute(MATMUL, [dz.mT, x])  # [1, N, R] @ [1, R, K]: weight's own layout
         return [dx, dw.mT, dz.sum(dim=1, keepdim=True)]
 
     linear_backward.__name__ = f"linear_{activation or 'identity'}_backward"
@@ -141,7 +142,7 @@ class FusedLinear(nn.Module):
         rows = x.reshape(1, -1, self.in_features)  # [1, B*M, K]; a view of a contiguous x
         weight = self.weight.unsqueeze(0).mT  # [1, K, N] view of [N, K]
         bias = self.bias.view(1, 1, self.out_features)
-        y = torch.ops.cudnn_fe.execute(self._graph, [rows, weight, bias])[0]
+        y = execute(self._graph, [rows, weight, bias])[0]
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -25,6 +25,7 @@ import cudnn
 import torch
 from torch import nn
 
+from ..op import execute
 from ..registry import register_graph
 from ._layout import declare, row_major
 
@@ -82,7 +83,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.dim, 1, 1)
-        y = torch.ops.cudnn_fe.execute(self._graph, [rows, self.weight.view(1, self.dim, 1, 1)])[0]
+        y = execute(self._graph, [rows, self.weight.view(1, self.dim, 1, 1)])[0]
         return y.view(x.shape)
 
     def extra_repr(self) -> str:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._layout import merge_heads, split_heads
 from .attention import Attention
 from .block import TransformerBlock
 from .linear import ACTIVATIONS, FusedLinear
@@ -75,14 +76,9 @@ class AttentionReference(nn.Module):
         self.dim, self.heads, self.causal = dim, heads, causal
         self.q, self.k, self.v, self.out = (LinearReference(dim, dim, activation=None, device=device, dtype=dtype) for _ in range(4))
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        b, s, _ = t.shape
-        return t.view(b, s, self.heads, self.dim // self.heads).transpose(1, 2)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        o = sdpa_reference(self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x)), self.causal)
-        return self.out(o.transpose(1, 2).reshape(b, s, self.dim))
+        q, k, v = (split_heads(projection(x), self.heads) for projection in (self.q, self.k, self.v))
+        return self.out(merge_heads(sdpa_reference(q, k, v, self.causal)))
 
 
 class TransformerBlockReference(nn.Module):
