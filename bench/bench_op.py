@@ -78,14 +78,6 @@ def bench_size(batch, m, k, n, calls, rows):
         },
         calls=calls,
     )
-    # The floor of any launch-per-call path, same run: cudnnBackendExecute alone, looped
-    # in C++ with a prebuilt variant pack (what the frontend's execute also ends in).
-    # (_C._native_breakdown is a bench seam; a build without it leaves the row out.)
-    breakdown = getattr(tch._C, "_native_breakdown", None)
-    if breakdown is not None:
-        figures["floor: cudnnBackendExecute alone (C++ loop)"] = breakdown(MATMUL, [a, b], [c], calls)["backend_execute_prebuilt_pack"]
-    else:
-        print("this build has no _C._native_breakdown: the floor row (cudnnBackendExecute alone) is left out")
     torch.testing.assert_close(static_out[0], torch.bmm(a, b), atol=5e-2, rtol=5e-2)
     # Goals: issue 3 (<= 1.2x (a), <= 0.6x (b)) and issue 5 (native: <= 0.5x (a), <= 1.0x torch.bmm).
     rows += report(f"{size}: against (a)", figures, "(a) frontend ordered execute, preset handle",

@@ -13,8 +13,7 @@ For each candidate, per fwd+bwd step (gradients set to None first, ``.backward(d
   activity), grouped by name: launches and device microseconds per step;
 * the library's graphs: for each built graph the step used, whether
   ``cudnn_fe.execute`` runs it natively (``built_graphs(id)[i].native``, ``.path_reason``),
-  its workspace (the frontend's, and the native plan's with the host us of each native
-  step from ``_C._native_breakdown``), the selected plan's name, and the fields of the
+  its workspace, the selected plan's name, and the fields of the
   frontend's serialized plan that decide the path (``pass_by_values``,
   ``workspace_modifications``, ``variant_pack_replacements``, ``fe_workspace_size``,
   ``json_version``; the ``cudnn_backend_data`` string left out);
@@ -200,30 +199,12 @@ def selected_plan_name(graph) -> str:
 
 def describe_built(out: Out, graph_id: int, built, *, fields: bool, breakdown: bool, operands=None) -> None:
     """One or two lines per built graph; the decoded serialized plan in the detail file."""
-    import torch
-
-    import torch_cudnn_handle as tch
     from torch_cudnn_handle.native import decode_ubjson
 
     shapes = " ".join("x".join(str(n) for n in spec.shape) for spec in built.inputs)
     plan = getattr(built, "engine", "") or selected_plan_name(built.graph)
     out.say(f"  [{graph_id}] {_graph_name(graph_id)} ({shapes}): native={built.native} ({built.path_reason}); "
             f"frontend workspace {built.workspace_size} B; plan {_short(plan, 60)}")
-    if breakdown and built.native and not hasattr(tch._C, "_native_breakdown"):
-        if not _NOTES.get("breakdown"):
-            _NOTES["breakdown"] = True
-            out.say("      (this build has no _C._native_breakdown: no native workspace or per-step host times)")
-    elif breakdown and built.native:
-        try:
-            device = torch.device("cuda", built.device)
-            inputs = operands if operands is not None else _random_operands(built.inputs, device)
-            outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
-            steps = tch._C._native_breakdown(graph_id, inputs, outputs, 20)
-            torch.cuda.synchronize()
-            out.say(f"      native plan workspace {int(steps.pop('workspace_bytes', -1))} B; host us/call: "
-                    + ", ".join(f"{key.split(' ')[0]} {value:.1f}" for key, value in steps.items()))
-        except Exception as error:  # noqa: BLE001
-            out.say(f"      native breakdown unavailable ({_reason(error)})")
     try:
         document = decode_ubjson(built.graph.serialize(as_bytes=True))
     except Exception as error:  # noqa: BLE001 -- a python-engine plan has another format

@@ -9,8 +9,9 @@ measured in this one run, every ratio between candidates measured side by side
 differ by up to 60%):
 
 1. host overhead of a call: ``bench_pool.py`` (getting a ready handle, a frontend
-   execute through it) and ``bench_op.py`` (``cudnn_fe.execute`` against the
-   frontend's own execute, the custom-op pattern, ``torch.bmm``, a CUDA graph replay);
+   execute through it), ``bench_op.py`` (``cudnn_fe.execute`` against the
+   frontend's own execute, the custom-op pattern, ``torch.bmm``, a CUDA graph replay)
+   and ``context_cost.py`` (the context guard against the previous bind, in C++);
 2. thread scaling: 1, 4, 16 and 64 threads, each on its own stream, each making N
    calls of ``torch.ops.cudnn_fe.execute`` and of the C++ eager entry ``tch.execute``
    (a registered matmul), and the same with ``torch.bmm`` of the same size: calls per
@@ -46,33 +47,35 @@ import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # bench_pool, bench_op, gpu_work, modules, timing
+sys.path.insert(0, HERE)  # bench_pool, bench_op, context_cost, gpu_work, modules, timing
 
 THREAD_COUNTS = (1, 4, 16, 64)
 ERRORS: List[str] = []  # sections that failed in this run, for report.json and REPORT.md
 
 
 # ---------------------------------------------------------------------------------
-# 1. Host overhead: the two existing benchmarks, their rows through --json
+# 1. Host overhead: the host benchmarks, their rows through --json
 
 
 def host_overhead(calls: int) -> List[dict]:
     import bench_op
     import bench_pool
+    import context_cost
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, module in (("bench_pool", bench_pool), ("bench_op", bench_op)):
+        # context_cost.py times a C++ loop of ~0.1 us iterations: more of them per loop.
+        for name, module, module_calls in (("bench_pool", bench_pool, calls), ("bench_op", bench_op, calls),
+                                           ("context_cost", context_cost, calls * 25)):
             path = os.path.join(tmp, f"{name}.json")
-            print(f"\n## {name}.py --calls {calls}", flush=True)
+            print(f"\n## {name}.py --calls {module_calls}", flush=True)
             try:
-                module.main(["--json", path, "--calls", str(calls)])
-            except Exception as error:  # noqa: BLE001 -- one failed benchmark does not end the report
+                module.main(["--json", path, "--calls", str(module_calls)])
+                with open(path) as f:
+                    rows += [dict(row, source=f"{name}.py") for row in json.load(f)]
+            except Exception as error:  # noqa: BLE001 -- one failed benchmark (or extension build) does not end the report
                 ERRORS.append(f"{name}.py: {type(error).__name__}: {error}")
                 print(f"{name}.py failed: {type(error).__name__}: {error}", flush=True)
-                continue
-            with open(path) as f:
-                rows += [dict(row, source=f"{name}.py") for row in json.load(f)]
     return rows
 
 
@@ -284,7 +287,10 @@ def _markdown_host_overhead(data: dict) -> List[str]:
         "## 1. Host overhead of one call",
         "",
         "`bench/bench_pool.py` and `bench/bench_op.py`: host microseconds per call (`time.perf_counter` around "
-        "N calls, device synchronized before and after), ratio to the table's baseline.",
+        "N calls, device synchronized before and after), ratio to the table's baseline. `bench/context_cost.py`: "
+        "host microseconds per iteration of a C++ loop (`std::chrono::steady_clock`), the op's `ContextGuard` "
+        "against the previous `context::bind`, same device; the difference row is what restoring the caller's "
+        "context adds per call.",
     ]
     tables: Dict[str, List[dict]] = {}
     for row in data["host_overhead"]:
@@ -292,9 +298,15 @@ def _markdown_host_overhead(data: dict) -> List[str]:
     for title, rows in tables.items():
         lines += ["", f"### {title}", "", f"| candidate | host us/call | ratio to `{rows[0]['baseline']}` | goal |", "| --- | ---: | ---: | --- |"]
         for row in rows:
-            goal = row.get("goal")
-            verdict = "" if goal is None else f"<= {goal:g}x: {'met' if row['ratio'] <= goal else 'NOT met'}"
-            lines.append(f"| {row['candidate']} | {row['us']:.2f} | {row['ratio']:.2f}x | {verdict} |")
+            goal, goal_us = row.get("goal"), row.get("goal_us")
+            if goal is not None:
+                verdict = f"<= {goal:g}x: {'met' if row['ratio'] <= goal else 'NOT met'}"
+            elif goal_us is not None:  # an absolute goal (context_cost.py's difference row)
+                verdict = f"<= {goal_us:+g} us: {'met' if row['us'] <= goal_us else 'NOT met'}"
+            else:
+                verdict = ""
+            us = f"{row['us']:+.2f}" if row.get("difference") else f"{row['us']:.2f}"
+            lines.append(f"| {row['candidate']} | {us} | {_x(row.get('ratio'))} | {verdict} |")
     return lines
 
 
@@ -437,6 +449,8 @@ def _plot_host_overhead(ax, data: dict) -> None:
     # host us/call, one bar per (size, candidate); duplicate rows of the "against ..." tables dropped
     seen, labels, values = set(), [], []
     for row in data["host_overhead"]:
+        if row.get("difference"):  # a difference of two bars above, possibly <= 0: no bar on a log axis
+            continue
         key = (row["source"], row["table"].split(":")[0], row["candidate"])
         if key not in seen:
             seen.add(key)
