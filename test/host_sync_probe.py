@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SLEEP_CYCLES = int(0.4 * 1.98e9)  # ~0.4 s on an H200's clock: far longer than any call here
+SLEEP_CYCLES = int(2.0 * 1.98e9)  # ~2 s on an H200's clock: far longer than any call here, builds included
 
 
 TRACE = "--trace" in sys.argv
@@ -94,15 +94,21 @@ def main(detail: bool) -> int:
     step("second call (Python path)", lambda: torch.ops.cudnn_fe.execute(python_gid, [x, w, b])[0], results, checks)
     tch.set_native_path(True)
     trained = []
+    leaves = [[t.detach().requires_grad_() for t in linear_inputs(2, 64, 32, 16, seed=3)] for _ in range(2)]
+    torch.cuda.synchronize()
 
     def forward_backward():  # both queued behind the sleep: the backward runs on the forward's stream
-        inputs = [t.detach().requires_grad_() for t in linear_inputs(2, 64, 32, 16, seed=3)]
+        inputs = leaves[len(trained)]
         y = torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)[0]
         y.float().sum().backward()
         trained.append((inputs, y))
 
     step("forward + backward (first)", forward_backward, results, checks)
     step("forward + backward (second)", forward_backward, results, checks)
+    # torch's own first use of cuDNN, for comparison: a cuDNN convolution of a new shape.
+    image, kernel = torch.randn(2, 8, 32, 32, device="cuda"), torch.randn(16, 8, 3, 3, device="cuda")
+    torch.cuda.synchronize()
+    step("torch's first cuDNN convolution", lambda: torch.nn.functional.conv2d(image, kernel), results, [])
     torch.cuda.synchronize()
     ok = all(torch.allclose(out.float(), reference, atol=2e-2, rtol=2e-2) for _, out in checks)
     (first, y), (second, _) = trained
