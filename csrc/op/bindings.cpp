@@ -26,11 +26,18 @@ void bind_op(py::module& m) {
       },
       py::arg("graph"), py::arg("inputs"), py::kw_only(), py::arg("out"), py::call_guard<py::gil_scoped_release>());
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
-  m.def("run_native", &run_native, py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
-        "The call on the native plan of (graph, inputs), or None when there is none: the Python path hands a "
-        "first call back to the plan it just registered.");
-  m.def("run_native_out", &run_native_out, py::arg("graph"), py::arg("inputs"), py::arg("out"),
-        py::call_guard<py::gil_scoped_release>(), "Whether a native plan of (graph, inputs, out) ran the call.");
+  m.def(
+      "run_native", [](int64_t graph, std::vector<at::Tensor> inputs) { return run_native(graph, inputs); },
+      py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+      "The call on the native plan of (graph, inputs), or None when there is none: the Python path hands a "
+      "first call back to the plan it just registered.");
+  m.def(
+      "run_native_out",
+      [](int64_t graph, std::vector<at::Tensor> inputs, std::vector<at::Tensor> out) {
+        return run_native_out(graph, inputs, out);
+      },
+      py::arg("graph"), py::arg("inputs"), py::arg("out"), py::call_guard<py::gil_scoped_release>(),
+      "Whether a native plan of (graph, inputs, out) ran the call.");
 #endif
 }
 
