@@ -9,12 +9,15 @@ uses the torch already installed instead of pulling another one into an isolated
 import glob
 import os
 import runpy
+import sys
 
 import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # PEP 517 backends do not put the project on the path
+from tools.extension_build import shared_libstdcxx  # noqa: E402
 WITH_CUDA = torch.version.cuda is not None
 VERSION = runpy.run_path(os.path.join(HERE, "torch_cudnn_handle", "_version.py"))["__version__"]
 
@@ -42,18 +45,6 @@ def cudnn_include_dirs():
         return [os.path.join(path, "include") for path in nvidia.cudnn.__path__ if os.path.exists(os.path.join(path, "include", "cudnn.h"))]
     except ImportError:
         return []
-
-
-def shared_libstdcxx():
-    """The libstdc++.so.6 this process runs with (torch loaded it), named on the link line:
-    some toolchains link libstdc++ statically by default, and a second copy of its locale
-    machinery inside the extension crashed integer formatting. test/test_build.py checks."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if os.path.basename(path).startswith("libstdc++.so"):
-                return [path]
-    return []
 
 
 class PersistentBuildExtension(BuildExtension):

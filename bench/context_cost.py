@@ -30,39 +30,17 @@ BIND = "context::bind(device, stream, stream_context) (the previous rule)"
 DIFFERENCE = "difference: restoring the caller's context (guard - bind)"
 
 
-def _shared_libstdcxx() -> List[str]:
-    """The libstdc++.so.6 this process runs with, named on the link line, as setup.py
-    does for _C (a toolchain that links libstdc++ statically gives the extension a
-    second copy of its locale machinery; see test/test_build.py)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if os.path.basename(path).startswith("libstdc++.so"):
-                return [path]
-    return []
-
-
 def build():
-    """The extension, compiled on first use (cached under build/bench_extensions/<python, torch>/)."""
+    """The extension, compiled on first use (tools/extension_build.py)."""
     import torch
-    from torch.utils.cpp_extension import load
 
     if torch.version.cuda is None:
         raise RuntimeError(f"bench/context_cost.py needs a CUDA build of torch (this is {torch.__version__})")
-    # One folder per Python and torch: load() rebuilds on changed sources or flags only.
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
-    build_directory = os.path.join(ROOT, "build", "bench_extensions", tag, "context_cost")
-    os.makedirs(build_directory, exist_ok=True)
-    return load(
-        name="torch_cudnn_handle_context_cost",
-        sources=[os.path.join(HERE, "csrc", "context_cost.cpp"), os.path.join(ROOT, "csrc", "context", "context_guard.cpp")],
-        extra_include_paths=[os.path.join(ROOT, "csrc")],
-        extra_cflags=["-O3"],
-        extra_ldflags=_shared_libstdcxx(),
-        build_directory=build_directory,
-        with_cuda=True,
-        verbose=False,
-    )
+    sys.path.insert(0, ROOT)
+    from tools.extension_build import load_auxiliary
+
+    return load_auxiliary("context_cost", ["bench/csrc/context_cost.cpp", "csrc/context/context_guard.cpp"], kind="bench",
+                          with_cuda=True, extra_cflags=("-O3",))
 
 
 def measure(device: int = 0, calls: int = 100_000, rounds: int = 15) -> Dict[str, float]:

@@ -8,46 +8,22 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)  # tools/
+
+from tools.extension_build import load_auxiliary  # noqa: E402
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _shared_libstdcxx() -> list:
-    """The libstdc++.so.6 this process runs with, named on the link line, as setup.py
-    does for _C (a toolchain that links libstdc++ statically gives the extension a
-    second copy of its locale machinery; see test/test_build.py)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if os.path.basename(path).startswith("libstdc++.so"):
-                return [path]
-    return []
-
-
 def build_pool_seam():
     """The pool's CPU test seam (test/csrc/pool_seam.cpp), a test-only extension:
-    compiled here on first use with torch.utils.cpp_extension.load (needs ninja; CPU-only
-    C++, so the same with a CPU or a CUDA torch), cached under build/test_extensions/<python, torch>/
-    and rebuilt only when its sources or flags change. It compiles its own copy of
+    compiled on first use (tools/extension_build.py; CPU-only C++, so the same with a CPU or
+    a CUDA torch). It compiles its own copy of
     csrc/pool/fork_guard.cpp: its fork guard's state is its own, separate from _C's,
     which is what test_pool_seam.py tests (the pool template together with the guard).
     -fvisibility=hidden keeps that copy's symbols bound inside the seam."""
-    from torch.utils.cpp_extension import load
-
-    # One folder per Python and torch: load() rebuilds on changed sources or flags only.
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
-    build_directory = os.path.join(ROOT, "build", "test_extensions", tag, "pool_seam")
-    os.makedirs(build_directory, exist_ok=True)
-    return load(
-        name="torch_cudnn_handle_pool_seam",
-        sources=[os.path.join(HERE, "csrc", "pool_seam.cpp"), os.path.join(ROOT, "csrc", "pool", "fork_guard.cpp")],
-        extra_include_paths=[os.path.join(ROOT, "csrc")],
-        extra_cflags=["-O2", "-fvisibility=hidden"],
-        extra_ldflags=_shared_libstdcxx(),
-        build_directory=build_directory,
-        with_cuda=False,
-        verbose=False,
-    )
+    return load_auxiliary("pool_seam", ["test/csrc/pool_seam.cpp", "csrc/pool/fork_guard.cpp"], kind="test", with_cuda=False,
+                          extra_cflags=("-O2", "-fvisibility=hidden"))
 
 
 @pytest.fixture(scope="session")

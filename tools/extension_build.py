@@ -1,0 +1,43 @@
+"""How this repository compiles C++ against torch, for setup.py (the shipped _C) and for the
+test- and bench-only extensions (test/csrc, bench/csrc) that never ship."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def shared_libstdcxx() -> list:
+    """The libstdc++.so.6 this process runs with (torch loaded it), named on the link line:
+    some toolchains (the GPU host's /opt/gcc) link libstdc++ statically by default, and a
+    second copy of its locale machinery inside an extension crashed integer formatting.
+    test/test_build.py checks the shipped module."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libstdc++.so"):
+                return [path]
+    return []
+
+
+def load_auxiliary(name: str, sources: list, *, kind: str, with_cuda: bool, extra_cflags=("-O2",)):
+    """A test- or bench-only extension (``kind``: "test" or "bench"), compiled on first use
+    with torch.utils.cpp_extension.load (needs ninja) against csrc/'s headers, cached under
+    build/<kind>_extensions/<python, torch>/<name> and rebuilt only when its sources or flags
+    change."""
+    import torch
+    from torch.utils.cpp_extension import load
+
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
+    build_directory = os.path.join(ROOT, "build", f"{kind}_extensions", tag, name)
+    os.makedirs(build_directory, exist_ok=True)
+    return load(
+        name=f"torch_cudnn_handle_{name}",
+        sources=[os.path.join(ROOT, source) for source in sources],
+        extra_include_paths=[os.path.join(ROOT, "csrc")],
+        extra_cflags=list(extra_cflags),
+        extra_ldflags=shared_libstdcxx(),
+        build_directory=build_directory,
+        with_cuda=with_cuda,
+        verbose=False,
+    )
