@@ -50,13 +50,14 @@ def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], 
     with build_scope(device) as handle:
         graph, inputs, outputs, layout = _describe(definition, specs, handle)
         uids = tuple(t.uid for t in inputs + outputs)
+        input_layouts, output_layouts = _layouts(specs), _layouts(layout.outputs)
         choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
             graph,
             tune=definition.tune,
             device=device,
             handle=handle,
-            input_specs=_layouts(specs),
-            output_specs=_layouts(layout.outputs),
+            input_specs=input_layouts,
+            output_specs=output_layouts,
             uids=uids,
             name=definition.name,
             fresh_graph=lambda: _describe(definition, specs, handle)[0],
@@ -70,7 +71,7 @@ def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], 
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device
                     serial, _ = _C.native_register(
-                        definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids), spec.plan_json.encode("utf-8"),
+                        definition.graph_id, device, input_layouts, output_layouts, list(uids), spec.plan_json.encode("utf-8"),
                         by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
                     )
