@@ -17,7 +17,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # PEP 517 backends do not put the project on the path
-from tools.extension_build import shared_libstdcxx  # noqa: E402
+from tools.extension_build import cudnn_include_dirs, shared_libstdcxx  # noqa: E402
 WITH_CUDA = torch.version.cuda is not None
 VERSION = runpy.run_path(os.path.join(HERE, "torch_cudnn_handle", "_version.py"))["__version__"]
 
@@ -33,18 +33,6 @@ CUDA_ONLY = {
     "csrc/native/graph_keepalive.cpp",
     "csrc/native/bindings.cpp",
 }
-
-
-def cudnn_include_dirs():
-    """cudnn.h for the CUDA build: $CUDNN_INCLUDE_DIR, else the nvidia-cudnn wheel torch uses."""
-    if os.environ.get("CUDNN_INCLUDE_DIR"):
-        return [os.environ["CUDNN_INCLUDE_DIR"]]
-    try:
-        import nvidia.cudnn
-
-        return [os.path.join(path, "include") for path in nvidia.cudnn.__path__ if os.path.exists(os.path.join(path, "include", "cudnn.h"))]
-    except ImportError:
-        return []
 
 
 class PersistentBuildExtension(BuildExtension):

@@ -1,6 +1,7 @@
 """The benchmark report, in one command on the GPU host:
 
-    python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules] [--no-tuned]
+    python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules]
+                           [--runs untuned,tuned] [--update]
 
 writes ``REPORT.md`` (Markdown tables), ``report.png`` (plots) and ``report.json``
 (the raw figures, rewritten after every section) under ``--out``. Everything in it is
@@ -15,15 +16,22 @@ differ by up to 60%):
 2. thread scaling: 1, 4, 16 and 64 threads, each on its own stream, each making N
    calls of ``torch.ops.cudnn_fe.execute`` and of the C++ eager entry ``tch.execute``
    (a registered matmul), and the same with ``torch.bmm`` of the same size: calls per
-   second, and their ratios to ``torch.bmm``;
+   second, and their ratios to ``torch.bmm``; then ``thread_scaling.py``, the same in
+   C++ threads (no GIL), with ``cudnnBackendExecute`` alone (plan shared, plan per
+   thread) to show what serializes;
 3. the op adds no GPU work: ``gpu_work.py``, GPU ms per call of ``cudnn_fe.execute``
    against the frontend's ``graph.execute`` of the same built plan, GPU-bound graphs;
 4. the module table: ``modules.py``, every ``torch_cudnn_handle.nn`` module at three
    sizes, fwd and fwd+bwd, against torch's alternatives and the frontend's own torch
    ops, ratio library / fastest alternative. It runs twice, each time in its own
    process with its own baselines: untuned, then with ``TORCH_CUDNN_HANDLE_TUNE=1``
-   and ``TORCH_CUDNN_HANDLE_TUNING_CACHE`` set to a temporary file (``--no-tuned``
-   skips that run).
+   and ``TORCH_CUDNN_HANDLE_TUNING_CACHE`` set to a temporary file (``--runs`` picks
+   which).
+
+``--update`` measures the given sections into an existing ``report.json`` under
+``--out`` and keeps the rest (a GPU session's per-command time limit may not fit every
+section in one command); the report says when each section was measured, and every
+ratio still compares candidates measured side by side in one process.
 
 ``--from-json report.json`` renders REPORT.md and report.png again from saved
 figures, measuring nothing (no GPU needed; reports of earlier versions render too).
@@ -178,6 +186,13 @@ def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
     return rows
 
 
+def thread_scaling_cpp(calls_per_thread: int, rounds: int) -> List[dict]:
+    import thread_scaling
+
+    print("\n## thread_scaling.py (C++ threads)", flush=True)
+    return thread_scaling.measure(calls_per_thread, rounds)
+
+
 # ---------------------------------------------------------------------------------
 # 3. The op adds no GPU work (gpu_work.py)
 
@@ -197,9 +212,9 @@ def gpu_work(quick: bool) -> List[dict]:
 # 4. The module table (modules.py), untuned and tuned, each in its own process
 
 
-def module_table(quick: bool, tuned_too: bool) -> Tuple[List[dict], Dict[str, dict]]:
-    """Runs ``modules.py`` in a subprocess per run (untuned, then tuned), each with its
-    own torch baselines; returns (all rows, {run: how it ran})."""
+def module_table(quick: bool, runs_wanted: Tuple[str, ...]) -> Tuple[List[dict], Dict[str, dict]]:
+    """Runs ``modules.py`` in a subprocess per run (``"untuned"``, ``"tuned"``), each
+    with its own torch baselines; returns (all rows, {run: how it ran})."""
     import torch
 
     from modules import TUNE_ENV, TUNING_CACHE_ENV
@@ -208,7 +223,7 @@ def module_table(quick: bool, tuned_too: bool) -> Tuple[List[dict], Dict[str, di
     rows: List[dict] = []
     runs: Dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for tuned in (False, True) if tuned_too else (False,):
+        for tuned in [run == "tuned" for run in runs_wanted]:
             label = "tuned" if tuned else "untuned"
             env = dict(os.environ)
             env.pop(TUNE_ENV, None)
@@ -329,6 +344,31 @@ def _markdown_thread_scaling(data: dict) -> List[str]:
                   "| ---: | ---: | ---: | ---: | ---: | ---: |"]
         lines += [f"| {r['threads']} | {_rate(r.get('op_calls_per_s'))} | {_rate(r.get('eager_calls_per_s'))} | {_rate(r.get('bmm_calls_per_s'))} | "
                   f"{_x(r.get('ratio'))} | {_x(r.get('eager_ratio'))} |" for r in rows]
+    if data.get("thread_scaling_cpp"):
+        lines += _markdown_thread_scaling_cpp(data["thread_scaling_cpp"])
+    return lines
+
+
+def _markdown_thread_scaling_cpp(rows: List[dict]) -> List[str]:
+    lines = [
+        "",
+        "### C++ threads: where calls serialize",
+        "",
+        "`bench/thread_scaling.py`: the same, from C++ threads (no GIL anywhere), and `cudnnBackendExecute` alone: the "
+        "op's serialized plan executed on each thread's own handle with a variant pack built once, one plan descriptor "
+        "shared by all threads (as the op shares it) or one per thread. op / backend near 1 at every T: what "
+        "serializes is cuDNN's, not the library's.",
+    ]
+    sizes: Dict[str, List[dict]] = {}
+    for row in rows:
+        sizes.setdefault(row["size"], []).append(row)
+    for size, group in sizes.items():
+        names = list(group[0]["rates"])
+        lines += ["", f"#### {size}, N = {group[0]['calls_per_thread']} calls per thread", "",
+                  "| threads | " + " | ".join(f"{name} calls/s" for name in names) + " | op / torch.bmm | op / backend (shared plan) |",
+                  "| ---: |" + " ---: |" * (len(names) + 2)]
+        lines += [f"| {r['threads']} | " + " | ".join(_rate(r["rates"].get(name)) for name in names) +
+                  f" | {_x(r.get('op_over_bmm'))} | {_x(r.get('op_over_backend'))} |" for r in group]
     return lines
 
 
@@ -421,9 +461,10 @@ def write_markdown(data: dict, path: str) -> None:
     lines = [
         "# Benchmark report",
         "",
-        f"Measured {data['date']} with `{data['command']}`. Every figure comes from this one run; each ratio "
-        "compares candidates measured side by side in it (rounds interleaved, medians). Absolute figures of "
-        "separate runs on this host differ by up to 60%: compare ratios, not times, across reports.",
+        f"Measured {data['date']} with `{data['command']}`"
+        + ("" if not data.get("measured") else "; sections measured: " + "; ".join(f"{name} {when}" for name, when in data["measured"].items()))
+        + ". Each ratio compares candidates measured side by side in one process (rounds interleaved, medians). "
+        "Absolute figures of separate runs on this host differ by up to 60%: compare ratios, not times, across reports.",
         "",
         "## Machine",
         "",
@@ -620,6 +661,12 @@ def render(data: dict, out: str) -> None:
 
 
 SECTIONS = ("host", "threads", "gpu_work", "modules")
+_ERROR_PREFIXES = {  # which recorded errors a section's new measurement replaces (--update)
+    "host": ("bench_pool.py", "bench_op.py", "context_cost.py", "section host"),
+    "threads": ("thread_scaling.py", "section threads"),
+    "gpu_work": ("section gpu_work",),
+    "modules": ("modules.py", "section modules"),
+}
 
 
 def main(argv=None) -> int:
@@ -628,7 +675,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds, smallest module sizes: a smoke run, not figures to keep")
     parser.add_argument("--from-json", help="render REPORT.md and report.png from a saved report.json, measuring nothing")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"which sections to measure, comma-separated (default: {','.join(SECTIONS)})")
-    parser.add_argument("--no-tuned", action="store_true", help="run the module table once, untuned (no TORCH_CUDNN_HANDLE_TUNE=1 run)")
+    parser.add_argument("--runs", default="untuned,tuned", help="the module table's runs, comma-separated: untuned, tuned (default: both)")
+    parser.add_argument("--no-tuned", action="store_true", help="the same as --runs untuned")
+    parser.add_argument("--update", action="store_true", help="measure the given sections into --out's report.json, keeping the others")
     args = parser.parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
@@ -639,17 +688,26 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
 
+    runs_wanted = ("untuned",) if args.no_tuned else tuple(r.strip() for r in args.runs.split(",") if r.strip())
+    if not runs_wanted or any(r not in RUNS for r in runs_wanted):
+        parser.error(f"--runs takes a comma-separated subset of {', '.join(RUNS)}")
+
     import torch
 
     if not torch.cuda.is_available():
         print("bench/report.py measures on a GPU; this machine has none (use --from-json to render saved figures)")
         return 1
     calls, per_thread, rounds = (400, 100, 3) if args.quick else (4000, 1000, 5)
-    data = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]))] + sys.argv[1:]),
-        "machine": machine_facts(),
-    }
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]))] + sys.argv[1:])
+    data = {"date": now, "command": command, "machine": machine_facts()}
+    existing = os.path.join(args.out, "report.json")
+    if args.update and os.path.exists(existing):
+        with open(existing) as f:
+            data = dict(json.load(f), machine=data["machine"])
+        data["command"] = f"{data['command']}; then {command}"
+        ERRORS.extend(e for e in data.get("errors", []) if not any(e.startswith(p) for s in sections for p in _ERROR_PREFIXES[s]))
+    data.setdefault("measured", {})
     os.makedirs(args.out, exist_ok=True)
 
     def save() -> None:
@@ -657,11 +715,22 @@ def main(argv=None) -> int:
             json.dump(data, f, indent=1)
 
     def module_section() -> None:
-        data["module_table"], data["module_table_runs"] = module_table(args.quick, tuned_too=not args.no_tuned)
+        rows, runs = module_table(args.quick, runs_wanted)
+        kept = [r for r in data.get("module_table", []) if r.get("run", "untuned") not in runs] if args.update else []
+        data["module_table"] = kept + rows
+        data["module_table_runs"] = dict(data.get("module_table_runs", {}) if args.update else {}, **runs)
+
+    def threads_section() -> None:
+        data["thread_scaling"] = thread_scaling(per_thread, rounds)
+        try:
+            data["thread_scaling_cpp"] = thread_scaling_cpp(2 * per_thread, 3)
+        except Exception as error:  # noqa: BLE001 -- the extension build may fail; the Python figures stand
+            ERRORS.append(f"thread_scaling.py: {type(error).__name__}: {error}")
+            traceback.print_exc()
 
     measure = {
         "host": lambda: data.__setitem__("host_overhead", host_overhead(calls)),
-        "threads": lambda: data.__setitem__("thread_scaling", thread_scaling(per_thread, rounds)),
+        "threads": threads_section,
         "gpu_work": lambda: data.__setitem__("gpu_work", gpu_work(args.quick)),
         "modules": module_section,
     }
@@ -671,6 +740,7 @@ def main(argv=None) -> int:
             continue
         try:
             measure[section]()
+            data["measured"][section] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         except Exception as error:  # noqa: BLE001 -- one failed section does not end the report
             ERRORS.append(f"section {section}: {type(error).__name__}: {error}")
             traceback.print_exc()

@@ -5,7 +5,7 @@ figures of separate runs differ by up to 60%).
 * ``host_us_per_call``: host microseconds per call (``time.perf_counter`` around N calls).
 * ``cuda_ms_per_call``: GPU milliseconds per call from two CUDA events around N
   back-to-back calls. This is the one CUDA-event loop of ``bench/`` (``report.py``,
-  ``modules.py``, ``gpu_work.py``, ``profile_sdpa.py``). Library timers do not fit
+  ``modules.py``, ``gpu_work.py``, ``profile_steps.py``). Library timers do not fit
   here: ``triton.testing.do_bench`` flushes L2 and times every call alone, and
   ``torch.utils.benchmark`` times the host clock, so neither gives the steady-state
   time of back-to-back steps interleaved with their baselines.

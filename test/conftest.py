@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 import threading
@@ -82,3 +83,22 @@ def run_in_thread(fn):
     """``fn()`` on a new thread (a cold one: no handle, no CUDA context yet); its
     exception, if any, is re-raised here."""
     return run_concurrently(lambda _: fn(), 1)[0]
+
+
+@contextlib.contextmanager
+def python_backward_calls():
+    """Records the graph id of every backward that reaches the Python registry; a
+    declared backward that a native plan serves runs in C++ and is not recorded."""
+    from torch_cudnn_handle import _C, op
+
+    calls = []
+
+    def recording(graph, grad_outputs, inputs, outputs):
+        calls.append(graph)
+        return op._backward(graph, grad_outputs, inputs, outputs)
+
+    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, recording)
+    try:
+        yield calls
+    finally:
+        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._backward)

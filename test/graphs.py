@@ -3,7 +3,9 @@
 * LINEAR_RELU: a fused linear layer, relu(x @ w + b). cuDNN fuses one matmul per
   graph, so its backward (two matmuls) is a torch-level ``backward_fn`` running three
   registered graphs (and a torch sum for the bias gradient).
-* RELU: a pointwise relu whose backward is a single backward graph (``backward=``).
+* RELU: a pointwise relu whose backward is a single backward graph (``backward=``),
+  its operands computed by a function; RELU_DECLARED: the same, its operands declared
+  (``BackwardOperand``), so its backward can run natively without Python.
 """
 
 import torch
@@ -47,6 +49,9 @@ def relu_grad(graph, dy, x):
 
 
 RELU = tch.register_graph(relu, name="relu", backward=relu_grad, backward_operands=lambda grads, ins, outs: [grads[0], ins[0]])
+RELU_DECLARED = tch.register_graph(
+    relu, name="relu_declared", backward=relu_grad, backward_operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]
+)
 
 
 def linear_relu_reference(x, w, b):

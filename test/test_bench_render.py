@@ -49,6 +49,13 @@ def synthetic_report() -> dict:
                  bmm_calls_per_s=90000.0 / t, ratio=7 / 9, eager_ratio=8 / 9)
             for t in (1, 4, 16, 64)
         ],
+        "thread_scaling_cpp": [
+            dict(size="1x16x16 @ 1x16x16 fp16", threads=t, calls_per_thread=2000, op_over_bmm=0.5, op_over_backend=0.95,
+                 rates={"cudnn_fe.execute": 40000.0, "torch.bmm": 80000.0, "cudnnBackendExecute, shared plan": 42000.0,
+                        "cudnnBackendExecute, plan per thread": 41000.0})
+            for t in (1, 4, 16, 64)
+        ],
+        "measured": {"threads": "2026-01-01 00:00 UTC", "modules": "2026-01-01 00:10 UTC"},
         "gpu_work": [
             dict(graph="matmul [8, 2048, 2048] @ [8, 2048, 2048] fp16", graph_id=3, native=True, path_reason="backend plan, run from C++",
                  workspace_bytes=0, op_ms=0.2101, frontend_ms=0.2100, ratio=0.2101 / 0.2100, op_kernels={"sm90_gemm_kernel": [1.0, 209.0]},
@@ -88,12 +95,15 @@ def test_renders_the_module_table_both_runs(tmp_path):
     # the other new sections
     assert "## 3. The op adds no GPU work" in report and "1.000x" in report
     assert "| 1 | 70,000 | 80,000 | 90,000 | 0.78x | 0.89x |" in report
+    assert "### C++ threads: where calls serialize" in report
+    assert "| 16 | 40,000 | 80,000 | 42,000 | 41,000 | 0.50x | 0.95x |" in report
+    assert "sections measured: threads 2026-01-01 00:00 UTC; modules 2026-01-01 00:10 UTC" in report
     assert "![plots](report.png)" in report
 
 
 def test_renders_an_earlier_report(tmp_path):
     data = synthetic_report()
-    for key in ("gpu_work", "module_table", "module_table_runs"):
+    for key in ("gpu_work", "module_table", "module_table_runs", "thread_scaling_cpp", "measured"):
         del data[key]
     for row in data["thread_scaling"]:
         del row["eager_calls_per_s"], row["eager_ratio"]
@@ -104,7 +114,7 @@ def test_renders_an_earlier_report(tmp_path):
     assert "## 4." not in report
 
 
-@pytest.mark.parametrize("script", ["report.py", "modules.py", "profile_sdpa.py", "gpu_work.py"])
+@pytest.mark.parametrize("script", ["report.py", "modules.py", "profile_steps.py", "gpu_work.py", "thread_scaling.py"])
 def test_scripts_answer_help_without_a_gpu(script):
     result = subprocess.run([sys.executable, os.path.join(BENCH, script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

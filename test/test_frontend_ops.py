@@ -9,6 +9,8 @@ import ast
 import importlib
 import importlib.util
 import pathlib
+import subprocess
+import sys
 import types
 
 import cudnn
@@ -306,3 +308,19 @@ def test_every_handle_factory_in_the_frontend_is_adopted_or_known():
     found = frontend_files_that_create_handles()
     assert found - adopted - set(KNOWN_UNADOPTED) == set(), "new handle factories: adopt them or list them with a reason"
     assert (adopted | set(KNOWN_UNADOPTED)) - found == set(), "these no longer create handles: update the lists"
+
+
+def test_adoption_leaves_the_frontends_lazy_exports_callable():
+    # A fresh interpreter: importing a seam's module (cudnn.gemm.ops.swiglu_mlp) writes the
+    # module over the package's lazy export of the same name unless adoption puts it back.
+    script = (
+        "import torch_cudnn_handle as tch\n"
+        "tch.adopt_frontend_ops()\n"
+        "from cudnn.gemm.ops import moe_grouped_matmul, swiglu_mlp, situ_mlp, swiglu_moe\n"
+        "import cudnn.gemm.ops as ops\n"
+        "for f in (moe_grouped_matmul, swiglu_mlp, situ_mlp, swiglu_moe, ops.swiglu_mlp):\n"
+        "    assert callable(f) and not isinstance(f, type(ops)), f\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr

@@ -179,8 +179,14 @@ def test_autograd_backward_of_adopted_ops_matches_torch(frontend_handles):
     assert frontend_handles == []
 
 
+def frontend_function(name: str):
+    """``cudnn.gemm.ops.<name>``, the function: once its submodule of the same name is
+    imported (adoption imports it to reach its seam), the package attribute is the module."""
+    return getattr(importlib.import_module(f"cudnn.gemm.ops.{name}"), name)
+
+
 def test_adopted_moe_grouped_matmul_from_64_threads(frontend_handles):
-    from cudnn.gemm.ops import moe_grouped_matmul
+    moe_grouped_matmul = frontend_function("moe_grouped_matmul")
 
     experts, per_expert, k, n = 4, 32, 64, 64
     torch.manual_seed(0)
@@ -203,7 +209,7 @@ def test_adopted_moe_grouped_matmul_from_64_threads(frontend_handles):
 
 
 def test_adopted_swiglu_mlp_from_64_threads(frontend_handles):
-    from cudnn.gemm.ops import swiglu_mlp
+    swiglu_mlp = frontend_function("swiglu_mlp")
 
     torch.manual_seed(0)
     x = (0.5 * torch.randn(64, 128, device="cuda")).bfloat16()

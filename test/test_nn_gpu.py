@@ -11,8 +11,9 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from conftest import requires_cuda
+from conftest import python_backward_calls, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -106,6 +107,31 @@ def test_sdpa(layout, causal, dtype):
     assert results["cudnn"][0].stride() == q.stride()  # O in Q's layout
     for i, what in enumerate(("O", "dQ", "dK", "dV")):
         assert_close(results["cudnn"][i], results["float32"][i], results["torch"][i], what)
+
+
+@pytest.mark.parametrize("module", ["sdpa", "rmsnorm"])
+def test_declared_backwards_reach_python_only_on_their_first_call(module):
+    torch.manual_seed(0)
+    if module == "sdpa":
+        q, k, v = (torch.randn(1, 2, 96, 64, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+        leaves, run, reference = [q, k, v], lambda: sdpa(q, k, v, True), lambda *t: sdpa_reference(*t, True)
+    else:
+        norm = RMSNorm(256, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(3, 5, 256, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        leaves, run, reference = [x, norm.weight], lambda: norm(x), lambda x, w: F.rms_norm(x.float(), (256,), w.float(), 1e-5)
+    counts = []
+    with python_backward_calls() as calls:
+        for _ in range(3):
+            for leaf in leaves:
+                leaf.grad = None
+            y = run()
+            y.backward(torch.ones_like(y))
+            counts.append(len(calls))
+    assert counts[0] <= 1 and counts[2] == counts[0], counts  # a build at most, then C++ only
+    floats = [t.detach().float().requires_grad_() for t in leaves]
+    reference(*floats).sum().backward()
+    for got, want in zip(leaves, floats):
+        torch.testing.assert_close(got.grad.float(), want.grad, atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

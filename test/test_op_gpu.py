@@ -9,8 +9,8 @@ import torch
 from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, run_concurrently, run_in_thread
-from graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference
+from conftest import python_backward_calls, requires_cuda, run_concurrently, run_in_thread
+from graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
 
 pytestmark = requires_cuda
 
@@ -68,6 +68,27 @@ def test_a_single_backward_graph_differentiates_the_op():
     torch.testing.assert_close(y, torch.relu(x))
     (y.float() * 3).sum().backward()
     torch.testing.assert_close(x.grad, (x > 0).to(x.dtype) * 3)
+
+
+def test_a_declared_backward_runs_natively_once_its_graph_is_built():
+    x = torch.randn(3, 40, 24, device="cuda", dtype=torch.float16).requires_grad_()
+    side = torch.cuda.Stream()
+    with python_backward_calls() as calls:
+        for step in range(4):
+            x.grad = None
+            with torch.cuda.stream(side if step == 3 else torch.cuda.current_stream()):
+                (y,) = tch.execute(RELU_DECLARED, [x])
+                (y.float() * (step + 2)).sum().backward()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(x.grad, (x > 0).to(x.dtype) * (step + 2))
+        first = list(calls)
+        # create_graph: the backward records its own graph, so it goes through the dispatcher (Python)
+        x.grad = None
+        (y,) = tch.execute(RELU_DECLARED, [x])
+        (y.float() * 5).sum().backward(create_graph=True)
+        torch.testing.assert_close(x.grad.detach(), (x > 0).to(x.dtype) * 5)
+    assert first == [RELU_DECLARED]  # the first backward built the backward graph; the next three ran natively
+    assert calls == [RELU_DECLARED, RELU_DECLARED]
 
 
 def test_the_eager_entry_is_the_same_op():

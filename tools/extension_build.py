@@ -20,6 +20,17 @@ def shared_libstdcxx() -> list:
     return []
 
 
+def cudnn_include_dirs() -> list:
+    """cudnn.h for a CUDA build: $CUDNN_INCLUDE_DIR, else the nvidia-cudnn wheel torch uses."""
+    if os.environ.get("CUDNN_INCLUDE_DIR"):
+        return [os.environ["CUDNN_INCLUDE_DIR"]]
+    try:
+        import nvidia.cudnn
+    except ImportError:
+        return []
+    return [os.path.join(path, "include") for path in nvidia.cudnn.__path__ if os.path.exists(os.path.join(path, "include", "cudnn.h"))]
+
+
 def load_auxiliary(name: str, sources: list, *, kind: str, with_cuda: bool, extra_cflags=("-O2",)):
     """A test- or bench-only extension (``kind``: "test" or "bench"), compiled on first use
     with torch.utils.cpp_extension.load (needs ninja) against csrc/'s headers, cached under
@@ -34,7 +45,7 @@ def load_auxiliary(name: str, sources: list, *, kind: str, with_cuda: bool, extr
     return load(
         name=f"torch_cudnn_handle_{name}",
         sources=[os.path.join(ROOT, source) for source in sources],
-        extra_include_paths=[os.path.join(ROOT, "csrc")],
+        extra_include_paths=[os.path.join(ROOT, "csrc")] + (cudnn_include_dirs() if with_cuda else []),
         extra_cflags=list(extra_cflags),
         extra_ldflags=shared_libstdcxx(),
         build_directory=build_directory,

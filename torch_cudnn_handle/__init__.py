@@ -20,7 +20,7 @@ from .pool import PooledHandle, bind_context, current_handle, pool_stats, with_c
 __all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "with_cuda"]
 
 from .build_scope import build_scope
-from .registry import built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_native_path
+from .registry import BackwardOperand, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_native_path
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
 from .op import execute, execute_out
 from .plan_tuning import set_plan_tuning, tuning_stats
@@ -29,6 +29,7 @@ from .frontend_ops import adopt_frontend_ops, restore_frontend_ops
 __all__ += [
     "build_scope",
     "register_graph",
+    "BackwardOperand",
     "register_built_graph",
     "registry_stats",
     "set_cache_capacity",

@@ -39,6 +39,7 @@ and refuses with an error naming the seam if one changed: all sites or none.
 from __future__ import annotations
 
 import importlib
+import sys
 import inspect
 import threading
 import types
@@ -221,7 +222,8 @@ def _refuse(seam: Seam, problem: str) -> RuntimeError:
 def _import_seam_module(seam: Seam) -> types.ModuleType | None:
     """The seam's module; None (with a warning) when a non-frontend dependency is missing."""
     try:
-        return importlib.import_module(seam.module)
+        loaded = seam.module in sys.modules
+        module = importlib.import_module(seam.module)
     except ImportError as error:
         missing = error.name or ""
         if missing == "cudnn" or missing.startswith("cudnn."):
@@ -233,6 +235,20 @@ def _import_seam_module(seam: Seam) -> types.ModuleType | None:
             stacklevel=3,
         )
         return None
+    if not loaded:
+        _restore_lazy_export(seam.module, module)
+    return module
+
+
+def _restore_lazy_export(name: str, module: types.ModuleType) -> None:
+    """Importing ``cudnn.gemm.ops.swiglu_mlp`` writes the module over the package's lazy
+    export of the same name (its function); the package's ``__getattr__`` puts the
+    function back once the attribute is gone, as it does when it imports the module itself."""
+    parent_name, _, child = name.rpartition(".")
+    parent = sys.modules.get(parent_name)
+    if parent is not None and child in getattr(parent, "_LAZY_EXPORTS", {}) and parent.__dict__.get(child) is module:
+        delattr(parent, child)
+        getattr(parent, child)
 
 
 def _verified_original(seam: Seam, module: types.ModuleType) -> Callable:

@@ -11,7 +11,8 @@
 * Fake kernel: output layouts from the graph's description (never built), so
   torch.compile traces the op without a GPU; it refuses what a real call would.
 * Autograd: the C++ kernels (csrc/op/autograd_kernels.cpp) record the node; its backward
-  calls ``_backward`` here, on whichever thread autograd uses.
+  runs a declared backward natively in C++ when it can, and calls ``_backward`` here
+  otherwise, on whichever thread autograd uses.
 """
 
 from __future__ import annotations
@@ -165,30 +166,33 @@ def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch
 
 
 def _backward(graph: int, grad_outputs, inputs, outputs):
-    """Gradients of one ``execute(graph, inputs)`` call: one per input, None for none."""
+    """Gradients of one ``execute(graph, inputs)`` call: one per input, None for none.
+    ``grad_outputs`` holds None where autograd gave no gradient."""
     forward = _registry.differentiable(graph)
+    if forward.declared_operands is not None:  # what the C++ node assembles, assembled by the same code
+        operands = _C.assemble_backward_operands(graph, grad_outputs, inputs, outputs)
+        return _run_backward_graph(forward, operands, len(inputs))
     # A graph is built for exact strides; autograd hands over whatever it has (an
     # expanded scalar has stride 0), so give the backward dense gradients.
     grads = [torch.zeros_like(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
     if forward.backward_fn is not None:
         grad_inputs = list(forward.backward_fn(grads, inputs, outputs))
     else:
-        grad_inputs = _run_backward_graph(forward, grads, inputs, outputs)
+        grad_inputs = _run_backward_graph(forward, list(forward.backward_operands(grads, inputs, outputs)), len(inputs))
     if len(grad_inputs) != len(inputs):
         raise ValueError(f"the backward of graph {forward.name!r} returned {len(grad_inputs)} gradients for {len(inputs)} inputs")
     return grad_inputs
 
 
-def _run_backward_graph(forward, grads, inputs, outputs):
+def _run_backward_graph(forward, operands, num_inputs: int):
     """One backward graph: its outputs are the gradients its builder returned, in order,
     with the None slots (inputs without a gradient) left out."""
-    operands = list(forward.backward_operands(grads, inputs, outputs))
     results = execute(forward.backward_id, operands)
     positions = _output_positions(forward.backward_id, operands)
-    grad_inputs = [None] * len(inputs)
+    grad_inputs = [None] * num_inputs
     for position, grad in zip(positions, results):
-        if position >= len(inputs):
-            raise ValueError(f"the backward graph of {forward.name!r} returned more gradients than its forward has inputs ({len(inputs)})")
+        if position >= num_inputs:
+            raise ValueError(f"the backward graph of {forward.name!r} returned more gradients than its forward has inputs ({num_inputs})")
         grad_inputs[position] = grad
     return grad_inputs
 

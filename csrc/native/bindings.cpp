@@ -58,7 +58,8 @@ void bind_native(py::module& m) {
       "native_register",
       [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
          const py::bytes& plan_json, const py::sequence& by_value, int64_t fe_workspace_size,
-         const py::sequence& workspace_tensors, const py::sequence& replacements) {
+         const py::sequence& workspace_tensors, const py::sequence& replacements,
+         std::vector<int64_t> output_positions) {
         auto input_layouts = layouts_of(inputs);
         auto output_layouts = layouts_of(outputs);
         auto extras = extras_of(by_value, fe_workspace_size, workspace_tensors, replacements);
@@ -67,14 +68,15 @@ void bind_native(py::module& m) {
         {
           py::gil_scoped_release no_gil;  // deserializing and finalizing a plan takes a while
           plan = std::make_shared<const NativePlan>(device, json, std::move(uids), std::move(input_layouts),
-                                                    std::move(output_layouts), std::move(extras));
+                                                    std::move(output_layouts), std::move(extras),
+                                                    std::move(output_positions));
         }
         NativePlanTable::instance().add(graph, plan);
         return py::make_tuple(plan->serial(), plan->workspace_size());
       },
       py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
       py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
-      py::arg("replacements") = py::list(),
+      py::arg("replacements") = py::list(), py::arg("output_positions") = std::vector<int64_t>(),
       "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
       "these input layouts; returns (serial, workspace bytes).");
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },

@@ -49,15 +49,21 @@ bool OperandLayout::matches(const at::Tensor& tensor) const {
 }
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
-                       std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras)
+                       std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
+                       std::vector<int64_t> output_positions)
     : device_(device),
       operand_uids_(std::move(operand_uids)),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
       extras_(std::move(extras)),
+      output_positions_(std::move(output_positions)),
       serial_(next_plan_serial.fetch_add(1, std::memory_order_relaxed)) {
   TORCH_CHECK(operand_uids_.size() == inputs_.size() + outputs_.size(),
               "torch_cudnn_handle: a native plan needs one uid per input and output");
+  if (output_positions_.empty()) {
+    for (size_t i = 0; i < outputs_.size(); ++i) output_positions_.push_back(static_cast<int64_t>(i));
+  }
+  TORCH_CHECK(output_positions_.size() == outputs_.size(), "torch_cudnn_handle: a native plan needs one position per output");
   pack_uids_ = operand_uids_;
   by_value_storage_.resize(extras_.by_value.size());
   for (size_t i = 0; i < extras_.by_value.size(); ++i) {

@@ -62,8 +62,11 @@ struct PlanExtras {
 class NativePlan : public std::enable_shared_from_this<NativePlan> {
  public:
   // Deserializes `plan_json` for `device` (the calling thread's pooled handle there).
+  // `output_positions`: which of the builder's returned values each output is (a
+  // backward builder returns None for an input without a gradient); empty: in order.
   NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
-             std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras);
+             std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
+             std::vector<int64_t> output_positions = {});
   ~NativePlan();
   NativePlan(const NativePlan&) = delete;
   NativePlan& operator=(const NativePlan&) = delete;
@@ -72,6 +75,7 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   uint64_t serial() const { return serial_; }
   int64_t workspace_size() const { return extras_.fe_workspace_size + engine_workspace_size_; }
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
+  const std::vector<int64_t>& output_positions() const { return output_positions_; }
   int64_t last_used_ns() const { return last_used_ns_.load(std::memory_order_relaxed); }
 
   bool matches(at::TensorList inputs) const;
@@ -92,6 +96,7 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   std::vector<OperandLayout> inputs_;
   std::vector<OperandLayout> outputs_;
   PlanExtras extras_;
+  std::vector<int64_t> output_positions_;
   std::vector<int64_t> pack_uids_;       // operands, by-value scalars, workspace tensors, replacements
   std::vector<int64_t> by_value_storage_;  // the scalars' bytes, 8-byte aligned slots
   std::vector<std::pair<size_t, int64_t>> replacement_sources_;  // pack index of the source, offset

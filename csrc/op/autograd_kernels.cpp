@@ -2,9 +2,10 @@
 // with no gradient to track costs a branch, not a trip through Python.
 //
 // execute (Autograd): with a gradient to track, it records a node whose backward runs
-// the graph's registered backward (Python: builders and backward functions are user
-// code), on whichever thread autograd runs it; the pool gives that thread its own
-// handle and binds the context it lacks.
+// the graph's registered backward on whichever thread autograd runs it; the pool gives
+// that thread its own handle and binds the context it lacks. A declared backward whose
+// graph a native plan serves runs here in C++ (op/declared_backward.h); every other
+// backward runs in Python (builders and backward functions are user code).
 // execute.out: torch's rules for out= ops. Autograd refuses a call that would need a
 // gradient through `out`; ADInplaceOrView bumps each `out`'s version counter, so a
 // tensor saved for backward and then overwritten raises torch's in-place error.
@@ -13,6 +14,12 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <optional>
+
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+#include "op/cuda_kernels.h"
+#endif
+#include "op/declared_backward.h"
 #include "op/execute_op.h"
 #include "op/python_kernels.h"
 
@@ -31,6 +38,7 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, int64_t graph, at::TensorList inputs) {
     variable_list outputs = execute_below_autograd(graph, inputs);
+    ctx->set_materialize_grads(false);  // a gradient nobody gave stays undefined: the backward zero-fills only what it reads
     ctx->saved_data["graph"] = graph;
     ctx->saved_data["num_inputs"] = static_cast<int64_t>(inputs.size());
     variable_list saved(inputs.begin(), inputs.end());
@@ -43,8 +51,14 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
     const auto saved = ctx->get_saved_variables();
     const auto num_inputs = ctx->saved_data["num_inputs"].toInt();
     const at::TensorList all(saved);
-    auto grads = python_kernels::backward(ctx->saved_data["graph"].toInt(), grad_outputs, all.slice(0, num_inputs),
-                                          all.slice(num_inputs));
+    const auto graph = ctx->saved_data["graph"].toInt();
+    const auto inputs = all.slice(0, num_inputs);
+    const auto outputs = all.slice(num_inputs);
+    std::optional<std::vector<at::Tensor>> native;
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+    if (const auto* declared = declared_backward(graph)) native = run_native_backward(*declared, grad_outputs, inputs, outputs);
+#endif
+    auto grads = native ? std::move(*native) : python_kernels::backward(graph, grad_outputs, inputs, outputs);
     TORCH_CHECK(static_cast<int64_t>(grads.size()) == num_inputs, "torch_cudnn_handle: the backward returned ",
                 grads.size(), " gradients for ", num_inputs, " inputs");
     variable_list result{at::Tensor()};  // the graph id has no gradient

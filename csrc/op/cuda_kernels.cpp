@@ -8,6 +8,7 @@
 // context, and leaves the caller's context (so its current device) as it found it.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
@@ -59,20 +60,68 @@ void execute_out_cuda(int64_t graph, at::TensorList inputs, at::TensorList out) 
 
 }  // namespace
 
-std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList inputs) {
-  auto plan = native::NativePlanTable::instance().find(graph, inputs);
-  if (!plan) return std::nullopt;
-  DeviceCall call(plan->device());
+namespace {
+
+std::vector<at::Tensor> run_plan(const native::NativePlan& plan, at::TensorList inputs) {
+  DeviceCall call(plan.device());
   std::vector<at::Tensor> outputs;
-  outputs.reserve(plan->outputs().size());
+  outputs.reserve(plan.outputs().size());
   const auto device = inputs[0].device();
-  for (const auto& layout : plan->outputs()) {
+  for (const auto& layout : plan.outputs()) {
     // Straight from the CUDA allocator (device-guarded inside), not through the
     // dispatcher: this is the hot path, and the tensors are real CUDA tensors.
     outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
   }
-  plan->execute(call.handle, call.stream, inputs, outputs);
+  plan.execute(call.handle, call.stream, inputs, outputs);
   return outputs;
+}
+
+// A tensor the native path may read directly: a dense CUDA tensor no Python subclass,
+// functionalization or functorch wrapper stands in for (those go through the dispatcher).
+bool is_plain_cuda(const at::Tensor& tensor) {
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
+                                            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::ZeroTensor,
+                                            c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return tensor.is_cuda() && !tensor.key_set().has_any(wrapped);
+}
+
+bool all_plain_cuda(at::TensorList tensors, bool allow_undefined) {
+  for (const auto& t : tensors) {
+    if (t.defined() ? !is_plain_cuda(t) : !allow_undefined) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList inputs) {
+  auto plan = native::NativePlanTable::instance().find(graph, inputs);
+  if (!plan) return std::nullopt;
+  return run_plan(*plan, inputs);
+}
+
+std::optional<std::vector<at::Tensor>> run_native_backward(const DeclaredBackward& declared, at::TensorList grads,
+                                                           at::TensorList inputs, at::TensorList outputs) {
+  // Through the dispatcher instead: with create_graph (the backward records its own
+  // graph), under a TorchDispatchMode, or for wrapped tensors (torch.compile's fakes).
+  if (at::GradMode::is_enabled() || c10::impl::dispatch_mode_enabled()) return std::nullopt;
+  if (!all_plain_cuda(grads, true) || !all_plain_cuda(inputs, false) || !all_plain_cuda(outputs, false)) {
+    return std::nullopt;
+  }
+  check_not_forked();
+  const auto operands = assemble_backward_operands(declared, grads, inputs, outputs);
+  auto plan = native::NativePlanTable::instance().find(declared.backward_graph, operands);
+  if (!plan) return std::nullopt;  // its first call, or a plan only the Python path runs
+  auto results = run_plan(*plan, operands);
+  std::vector<at::Tensor> grad_inputs(inputs.size());
+  const auto& positions = plan->output_positions();
+  for (size_t i = 0; i < results.size(); ++i) {
+    TORCH_CHECK(positions[i] < static_cast<int64_t>(inputs.size()), "torch_cudnn_handle: the backward graph returned "
+                "a gradient for input ", positions[i], " of a forward with ", inputs.size(), " inputs");
+    grad_inputs[positions[i]] = std::move(results[i]);
+  }
+  return grad_inputs;
 }
 
 bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out) {

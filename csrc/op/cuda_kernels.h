@@ -1,12 +1,15 @@
 // The native half of the CUDA kernels, for the Python path to hand a call back to once
-// the build it just did registered a native plan: a graph's first call then runs on the
-// same plan as every later one, so cuDNN's first-execution work happens once, not twice.
+// the build it just did registered a native plan (a graph's first call then runs on the
+// same plan as every later one, so cuDNN's first-execution work happens once, not
+// twice), and for the autograd node to run a declared backward without Python.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>
+
+#include "op/declared_backward.h"
 
 namespace torch_cudnn_handle {
 
@@ -15,5 +18,12 @@ std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList 
 
 // Whether a native plan matching (graph, inputs, out) ran the call.
 bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out);
+
+// The gradients of one forward call, one per input (undefined where none), from its
+// declared backward graph run on a native plan; nullopt when that is not possible here
+// (no native plan for these operands yet, create_graph, a dispatch mode, wrapped
+// tensors), and the Python registry runs the backward instead.
+std::optional<std::vector<at::Tensor>> run_native_backward(const DeclaredBackward& declared, at::TensorList grads,
+                                                           at::TensorList inputs, at::TensorList outputs);
 
 }  // namespace torch_cudnn_handle

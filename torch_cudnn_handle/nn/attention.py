@@ -25,7 +25,7 @@ from torch import nn
 import cudnn
 
 from ..op import execute
-from ..registry import register_graph
+from ..registry import BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .linear import FusedLinear
 
@@ -86,13 +86,16 @@ def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
     return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))]
 
 
-def _backward_operands(grads, inputs, outputs):
-    q, k, v = inputs
-    o, stats = outputs
-    d_o = grads[0]
-    if d_o.stride() != o.stride():
-        d_o = torch.empty_strided(o.shape, o.stride(), dtype=d_o.dtype, device=d_o.device).copy_(d_o)
-    return [q, k, v, o, d_o, stats]
+# dQ, dK, dV from Q, K, V, O, dO (given O's strides), Stats; declared, so the autograd
+# node assembles them and runs the backward natively, without Python.
+_BACKWARD_OPERANDS = (
+    BackwardOperand.input(0),
+    BackwardOperand.input(1),
+    BackwardOperand.input(2),
+    BackwardOperand.output(0),
+    BackwardOperand.grad(0, strides_of_output=0),
+    BackwardOperand.output(1),
+)
 
 
 SDPA_GRAPHS = {
@@ -100,7 +103,7 @@ SDPA_GRAPHS = {
         sdpa_forward,
         name=f"nn_sdpa_{'causal' if causal else 'full'}",
         backward=sdpa_backward,
-        backward_operands=_backward_operands,
+        backward_operands=_BACKWARD_OPERANDS,
         causal=causal,
     )
     for causal in (False, True)

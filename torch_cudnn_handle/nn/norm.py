@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import register_graph
+from ..registry import BackwardOperand, register_graph
 from ._layout import declare, row_major
 
 __all__ = ["RMSNorm", "rmsnorm_graph"]
@@ -48,8 +48,8 @@ def rmsnorm_backward(graph, dy, x, scale, inv_var, *, eps: float):  # noqa: ARG0
     return [declare(dx, x.dim, row_major(x.dim), x.data_type), declare(dscale, scale.dim, row_major(scale.dim), scale.data_type)]
 
 
-def _backward_operands(grads, inputs, outputs):
-    return [grads[0], inputs[0], inputs[1], outputs[1]]  # dY, X, scale, inv_var
+# dY, X, scale, inv_var: declared, so the backward runs natively, without Python.
+_BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1))
 
 
 _graphs: Dict[float, int] = {}
@@ -63,7 +63,7 @@ def rmsnorm_graph(eps: float) -> int:
         graph_id = _graphs.get(eps)
         if graph_id is None:
             graph_id = _graphs[eps] = register_graph(
-                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_backward_operands, eps=eps
+                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_BACKWARD_OPERANDS, eps=eps
             )
         return graph_id
 

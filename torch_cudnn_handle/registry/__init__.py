@@ -17,7 +17,7 @@ Every function here is thread-safe.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -25,9 +25,10 @@ from .. import _C
 from . import description
 from .build import BuiltGraph
 from .cache import GraphRegistry
-from .specs import GraphLayout, TensorSpec
+from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
+    "BackwardOperand",
     "TensorSpec",
     "GraphLayout",
     "BuiltGraph",
@@ -61,7 +62,7 @@ def register_graph(
     *,
     name: Optional[str] = None,
     backward: Optional[Callable[..., Any]] = None,
-    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None,
+    backward_operands: Optional[Union[Callable[..., Sequence[torch.Tensor]], Sequence[BackwardOperand]]] = None,
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
     tune: Optional[bool] = None,
     **params,
@@ -80,9 +81,12 @@ def register_graph(
 
     * ``backward``: the builder of one backward graph, ``backward(graph, *operands,
       **params)``, returning one gradient tensor (or None) per forward input. Its
-      operands are the torch tensors ``backward_operands(grad_outputs, inputs,
-      outputs)`` returns (by default all of them, in that order); return views there
-      (``w.mT``) where the backward graph wants another layout of a saved tensor.
+      operands are, by default, all gradients, inputs and outputs in that order. Name
+      them instead with a sequence of ``BackwardOperand.grad(i)`` / ``.input(i)`` /
+      ``.output(i)``: the autograd node then assembles them in C++ and, once a native
+      plan serves the backward graph, runs the backward with no Python. Or compute them
+      with a function ``backward_operands(grad_outputs, inputs, outputs)`` (Python on
+      every backward), e.g. to pass views (``w.mT``) of saved tensors.
     * ``backward_fn(grad_outputs, inputs, outputs)``: torch-level code returning one
       gradient (or None) per forward input, for a backward that takes several graphs
       (cuDNN fuses one matmul per graph); it typically calls

@@ -74,6 +74,7 @@ def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], 
                         definition.graph_id, device, input_layouts, output_layouts, list(uids), spec.plan_json.encode("utf-8"),
                         by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
+                        output_positions=list(layout.output_positions),
                     )
                     native, reason = True, "backend plan, run from C++"
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there

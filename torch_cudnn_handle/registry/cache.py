@@ -41,7 +41,7 @@ from .description import (
     _describe,
     _positional_arity,
 )
-from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
+from .specs import BackwardOperand, GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
 class _InFlightBuild:
@@ -80,7 +80,8 @@ class GraphRegistry:
     def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, tune=None, **params) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
-        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", backward_operands), ("backward_fn", backward_fn)):
+        declared = _declared_operands(backward_operands)
+        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", None if declared else backward_operands), ("backward_fn", backward_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
         if backward_operands is not None and backward is None:
@@ -88,21 +89,28 @@ class GraphRegistry:
         if backward is not None and backward_fn is not None:
             raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
         name = name or getattr(builder, "__name__", "graph")
+        num_inputs = _positional_arity(builder)
+        if declared is not None:
+            _check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
         if backward is not None:
             backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune))
-        return self._add(
+        graph_id = self._add(
             dict(
                 name=name,
                 builder=builder,
                 params=dict(params),
-                num_inputs=_positional_arity(builder),
+                num_inputs=num_inputs,
                 backward_id=backward_id,
-                backward_operands=backward_operands or _default_backward_operands,
+                backward_operands=None if declared else (backward_operands or _default_backward_operands),
+                declared_operands=declared,
                 backward_fn=backward_fn,
                 tune=tune,
             )
         )
+        if declared is not None:  # before the id is returned, so before any call can record a node
+            _C.declare_backward(graph_id, backward_id, [(o.source, o.index, o.strides_of_output) for o in declared])
+        return graph_id
 
     def register_built(self, graph, inputs, outputs, *, device, name=None) -> int:
         ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
@@ -270,6 +278,37 @@ class GraphRegistry:
                 capacity=self.capacity,
                 definitions=len(self._definitions),
             )
+
+
+def _declared_operands(backward_operands) -> Optional[Tuple[BackwardOperand, ...]]:
+    """``backward_operands`` as a declaration, or None when it is a function (or absent)."""
+    if backward_operands is None or callable(backward_operands) or isinstance(backward_operands, (str, bytes)):
+        return None
+    try:
+        declared = tuple(backward_operands)
+    except TypeError:
+        return None
+    if not declared or not all(isinstance(o, BackwardOperand) for o in declared):
+        raise TypeError(
+            "register_graph: backward_operands must be a function (grad_outputs, inputs, outputs) -> operands, or a "
+            "non-empty sequence of BackwardOperand.grad(i) / .input(i) / .output(i)"
+        )
+    return declared
+
+
+def _check_declared_operands(name: str, declared, num_inputs: Optional[int], backward_arity: Optional[int]) -> None:
+    """What can be checked before any call: input indices against the builder's arity,
+    the operand count against the backward builder's. Output indices are checked per call."""
+    for operand in declared:
+        if operand.index < 0 or operand.strides_of_output < -1:
+            raise ValueError(f"register_graph({name!r}): {operand.describe()} has a negative index")
+        if operand.source == 1 and num_inputs is not None and operand.index >= num_inputs:
+            raise ValueError(f"register_graph({name!r}): {operand.describe()}, but the builder takes {num_inputs} inputs")
+    if backward_arity is not None and backward_arity != len(declared):
+        raise ValueError(
+            f"register_graph({name!r}): backward_operands declares {len(declared)} operands, but the backward builder "
+            f"takes {backward_arity}"
+        )
 
 
 def _capturing(device: int) -> bool:

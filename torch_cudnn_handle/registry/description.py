@@ -35,7 +35,8 @@ class _Definition:
     params: Dict[str, Any]
     num_inputs: Optional[int]  # None: the builder takes *inputs
     backward_id: Optional[int] = None  # the paired backward graph, if any
-    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None
+    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None  # None with declared_operands
+    declared_operands: Optional[tuple] = None  # BackwardOperand...: assembled in C++ (_C.declare_backward)
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning.py); None: the process-wide setting

@@ -1,4 +1,5 @@
-"""The registry's value types: operand specs, output layouts, and the dtype tables.
+"""The registry's value types: operand specs, output layouts, declared backward operands,
+and the dtype tables.
 
 All are frozen and hashable: a tuple of ``TensorSpec`` is part of the cache keys.
 Shapes and strides are plain ints (never symbolic): a cuDNN graph is built for exact
@@ -8,7 +9,7 @@ shapes and strides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from cudnn.datatypes import torch_to_cudnn_data_type
@@ -51,3 +52,37 @@ def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
     if dtype is None or not tensor.dim:
         raise ValueError(f"register_built_graph: {what} needs dims, strides and a torch-representable data type")
     return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardOperand:
+    """One operand of a backward graph, named instead of computed: the gradient of a
+    forward output, a forward input, or a forward output. A backward declared this way
+    (``register_graph(..., backward_operands=[...])``) is assembled in C++, so when a
+    native plan serves the backward graph the op's autograd node runs it with no Python.
+
+    A gradient autograd did not give is zeros like its output; a gradient is then made
+    contiguous, or given the strides of the forward output ``strides_of_output`` names
+    (for a backward graph built for the output's layout, as the sdpa backward is).
+    """
+
+    source: int  # 0: gradient of output `index`, 1: input `index`, 2: output `index`
+    index: int
+    strides_of_output: int = -1
+
+    @classmethod
+    def grad(cls, output: int, *, strides_of_output: Optional[int] = None) -> "BackwardOperand":
+        return cls(0, int(output), -1 if strides_of_output is None else int(strides_of_output))
+
+    @classmethod
+    def input(cls, index: int) -> "BackwardOperand":
+        return cls(1, int(index))
+
+    @classmethod
+    def output(cls, index: int) -> "BackwardOperand":
+        return cls(2, int(index))
+
+    def describe(self) -> str:
+        what = ("grad", "input", "output")[self.source]
+        like = f", strides_of_output={self.strides_of_output}" if self.strides_of_output >= 0 else ""
+        return f"BackwardOperand.{what}({self.index}{like})"

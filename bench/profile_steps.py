@@ -1,10 +1,13 @@
-"""Where the small-size SDPA fwd+bwd gap comes from (causal 4x16x1024x64 bf16: library
-0.580 ms vs torch's cuDNN backend 0.299 ms per fwd+bwd step; forward alone equal), and
-the same view of RMSNorm 32768x4096 and of a TransformerBlock(512, 8) 8x256 training step.
+"""Where the small-size gaps of the module table come from: per training step, host time
+against GPU time and the kernels, the library's module against torch's fastest
+alternative at the sizes where the library is slower (SDPA causal 4x16x1024x64,
+RMSNorm 4096x1024, FusedLinear(gelu) 2048x1024 -> 4096), and the same view of
+RMSNorm 32768x4096 and of a TransformerBlock(512, 8) 8x256 training step.
 
-    python bench/profile_sdpa.py [--out bench/results/profile_sdpa.txt] [--quick] [--no-plans]
+    python bench/profile_steps.py [--out bench/results/profile_steps.txt] [--quick] [--no-plans] [--sections 1,2,...]
 
-For each candidate, per fwd+bwd step (gradients set to None first, ``.backward(dy)``):
+For each candidate, per step (fwd+bwd: gradients set to None first, ``.backward(dy)``;
+fwd: the forward of a training step, inputs requiring grad):
 
 * time: host issue time (``perf_counter`` around N steps, before the sync), host wall
   time (the same with the sync at the end) and GPU time (CUDA events around the same
@@ -43,6 +46,8 @@ if HERE not in sys.path:
 
 SDPA_SHAPE = (4, 16, 1024, 64)
 RMSNORM_SHAPE = (32768, 4096)
+RMSNORM_SMALL = (4096, 1024)
+LINEAR_SMALL = (2048, 1024, 4096)  # rows, in, out
 BLOCK = (512, 8, 8, 256)  # dim, heads, batch, seq: the demo's
 _NOTES: Dict[str, bool] = {}  # notes said once per run
 PLAN_FIELDS = ("pass_by_values", "workspace_modifications", "variant_pack_replacements", "fe_workspace_size", "json_version")
@@ -121,7 +126,7 @@ def compare_candidates(out: Out, title: str, candidates: Dict[str, Tuple[Callabl
     for name, (step, scope) in candidates.items():
         with scope():
             kernels[name] = device_kernels(step, steps=args.steps_profiled, warmup=2)
-    out.say(f"\n{title}: ms per fwd+bwd step (median of {args.rounds} interleaved rounds of {args.steps_timed} steps)")
+    out.say(f"\n{title}: ms per step (median of {args.rounds} interleaved rounds of {args.steps_timed} steps)")
     out.say(f"  {'candidate':34s} {'host issue':>10s} {'host wall':>10s} {'GPU events':>10s} {'kernel sum':>10s} {'GPU ops':>8s}")
     for name, (issue, wall, gpu) in times.items():
         per_step, _ = kernels[name]
@@ -245,13 +250,13 @@ def _nullscope():
     return contextlib.nullcontext()
 
 
-def _step(forward: Callable[[], object], leaves, dy) -> Callable[[], None]:
+def _step(forward: Callable[[], object], leaves, dy, mode: str = "fwd+bwd") -> Callable[[], None]:
     def step():
         for tensor in leaves:
             tensor.grad = None
         forward().backward(dy)
 
-    return step
+    return step if mode == "fwd+bwd" else forward
 
 
 def section_sdpa(out: Out, args) -> dict:
@@ -318,31 +323,56 @@ def tch_built(graph_id: int) -> list:
     return tch.built_graphs(graph_id)
 
 
-def section_rmsnorm(out: Out, args) -> None:
+def section_rmsnorm(out: Out, args, shape=RMSNORM_SHAPE, number: int = 2, modes=("fwd+bwd",)) -> None:
     import torch
+    import torch.nn.functional as F
 
     from torch_cudnn_handle.nn import RMSNorm, reference_of
 
-    rows, hidden = RMSNORM_SHAPE
-    out.say(f"\n## 2. RMSNorm({hidden}) x [{rows}, {hidden}] bf16, fwd+bwd")
+    rows, hidden = shape
     torch.manual_seed(0)
     norm = RMSNorm(hidden, device="cuda", dtype=torch.bfloat16)
     reference = reference_of(norm)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
     dy = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    for mode in modes:
+        out.say(f"\n## {number}. RMSNorm({hidden}) x [{rows}, {hidden}] bf16, {mode}")
+        before = all_built()
+        candidates = {
+            "library RMSNorm": (_step(lambda: norm(x), [x, norm.weight], dy, mode), _nullscope),
+            "torch eager (reference)": (_step(lambda: reference(x), [x, reference.weight], dy, mode), _nullscope),
+            "torch F.rms_norm": (_step(lambda: F.rms_norm(x, (hidden,), norm.weight, norm.eps), [x, norm.weight], dy, mode), _nullscope),
+        }
+        try:
+            from cudnn.ops.norm import rms_norm
+
+            candidates["frontend op cudnn.ops.norm.rms_norm"] = (
+                _step(lambda: rms_norm(x, norm.weight, eps=norm.eps), [x, norm.weight], dy, mode), _nullscope)
+        except Exception as error:  # noqa: BLE001
+            out.say(f"  frontend op unavailable: {_reason(error)}")
+        compare_candidates(out, f"RMSNorm {mode}", candidates, args, kernel_rows=4)
+        describe_new_graphs(out, before, fields=True, breakdown=True)
+
+
+def section_linear(out: Out, args, number: int) -> None:
+    import torch
+
+    from torch_cudnn_handle.nn import FusedLinear, reference_of
+
+    rows, features_in, features_out = LINEAR_SMALL
+    out.say(f"\n## {number}. FusedLinear({features_in}, {features_out}, 'gelu') x [{rows}, {features_in}] bf16, fwd+bwd")
+    torch.manual_seed(0)
+    layer = FusedLinear(features_in, features_out, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    reference = reference_of(layer)
+    x = torch.randn(rows, features_in, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = torch.randn(rows, features_out, device="cuda", dtype=torch.bfloat16)
     before = all_built()
     candidates = {
-        "library RMSNorm": (_step(lambda: norm(x), [x, norm.weight], dy), _nullscope),
-        "torch eager (reference)": (_step(lambda: reference(x), [x, reference.weight], dy), _nullscope),
+        "library FusedLinear": (_step(lambda: layer(x), [x, *layer.parameters()], dy), _nullscope),
+        "torch eager (reference)": (_step(lambda: reference(x), [x, *reference.parameters()], dy), _nullscope),
     }
-    try:
-        from cudnn.ops.norm import rms_norm
-
-        candidates["frontend op cudnn.ops.norm.rms_norm"] = (_step(lambda: rms_norm(x, norm.weight, eps=norm.eps), [x, norm.weight], dy), _nullscope)
-    except Exception as error:  # noqa: BLE001
-        out.say(f"  frontend op unavailable: {_reason(error)}")
-    compare_candidates(out, "RMSNorm", candidates, args, kernel_rows=4)
-    describe_new_graphs(out, before, fields=True, breakdown=True)
+    compare_candidates(out, "FusedLinear", candidates, args, kernel_rows=6)
+    describe_new_graphs(out, before, fields=False, breakdown=False)
 
 
 def section_block(out: Out, args) -> None:
@@ -416,10 +446,10 @@ def section_plans(out: Out, args, sdpa_state: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_sdpa.txt"), help="the full detail (default: %(default)s)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_steps.txt"), help="the full detail (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds: a smoke run")
     parser.add_argument("--no-plans", action="store_true", help="skip section 4 (every ranked plan of the sdpa graphs)")
-    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run, comma-separated (default: all)")
+    parser.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run, comma-separated (default: all)")
     args = parser.parse_args(argv)
     args.steps_timed, args.steps_profiled, args.rounds, args.plan_calls = (10, 3, 2, 10) if args.quick else (50, 5, 5, 50)
     sections = {s.strip() for s in args.sections.split(",")}
@@ -427,7 +457,7 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("bench/profile_sdpa.py profiles on a CUDA GPU; this machine has none")
+        print("bench/profile_steps.py profiles on a CUDA GPU; this machine has none")
         return 1
     import cudnn
 
@@ -435,7 +465,7 @@ def main(argv=None) -> int:
 
     out = Out(args.out)
     try:
-        out.say(f"# profile_sdpa: torch {torch.__version__}, cuDNN {cudnn.backend_version_string()}, frontend {cudnn.__version__}, "
+        out.say(f"# profile_steps: torch {torch.__version__}, cuDNN {cudnn.backend_version_string()}, frontend {cudnn.__version__}, "
                 f"{torch.cuda.get_device_name(0)}")
         out.say("env: " + ", ".join(f"{name}={os.environ.get(name)!r}" for name in
                                      ("TORCH_CUDNN_HANDLE_TUNE", "TORCH_CUDNN_HANDLE_TUNING_CACHE", "TORCH_CUDNN_HANDLE_NATIVE",
@@ -446,6 +476,10 @@ def main(argv=None) -> int:
             section_rmsnorm(out, args)
         if "3" in sections:
             section_block(out, args)
+        if "5" in sections:
+            section_rmsnorm(out, args, RMSNORM_SMALL, 5, ("fwd", "fwd+bwd"))
+        if "6" in sections:
+            section_linear(out, args, 6)
         out.say(f"\nregistry: {tch.registry_stats()}; pool: {tch.pool_stats()}")
         if "4" in sections and not args.no_plans and sdpa_state:
             section_plans(out, args, sdpa_state)

@@ -1,0 +1,129 @@
+"""Where calls serialize across threads, measured in C++ (no GIL anywhere): calls per
+second of T threads (1/4/16/64), each on its own stream and (for cuDNN) its own handle,
+started together and timed until every stream is done, for
+
+* ``cudnn_fe.execute``: the op through the dispatcher, its native path;
+* ``torch.bmm``: the same product, the baseline;
+* ``cudnnBackendExecute``: the op's floor, the same serialized plan executed alone
+  (thread's own handle, a variant pack built once): one plan descriptor shared by all
+  threads, as the op shares it, and one plan per thread.
+
+If the op scales like the backend alone, what serializes is cuDNN's; if a plan per
+thread scales better than a shared one, cuDNN serializes on the plan.
+
+bench/csrc/thread_scaling.cpp is a bench-only extension built here on first use
+(tools/extension_build.py; needs ninja, the CUDA toolkit and a CUDA torch).
+
+    python bench/thread_scaling.py [--calls 2000] [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+THREAD_COUNTS = (1, 4, 16, 64)
+SIZES = ((1, 16, 16, 16), (8, 256, 256, 256))
+CANDIDATES = ("cudnn_fe.execute", "torch.bmm", "cudnnBackendExecute, shared plan", "cudnnBackendExecute, plan per thread")
+
+
+def build():
+    import torch
+
+    if torch.version.cuda is None:
+        raise RuntimeError(f"bench/thread_scaling.py needs a CUDA build of torch (this is {torch.__version__})")
+    sys.path.insert(0, ROOT)
+    from tools.extension_build import load_auxiliary
+
+    return load_auxiliary("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp"], kind="bench",
+                          with_cuda=True, extra_cflags=("-O3",))
+
+
+def _backend_plan(graph_id: int, inputs):
+    """The serialized backend plan the op runs for these inputs and its operand uids,
+    or (None, why) when the plan needs more than its operands per call."""
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle.native import backend_plan_of
+    from torch_cudnn_handle.registry import TensorSpec
+
+    tch.execute(graph_id, inputs)  # built (and registered natively) here
+    specs = tuple(TensorSpec.of(t) for t in inputs)
+    built = next(b for b in tch.built_graphs(graph_id) if b.inputs == specs and b.device == inputs[0].device.index)
+    spec, why = backend_plan_of(built.graph, built.uids)
+    if spec is None or spec.by_value or spec.workspace_tensors or spec.replacements:
+        return None, why if spec is None else "the plan needs per-call extras"
+    return (spec, built), why
+
+
+def measure(calls: int = 2000, rounds: int = 3) -> List[dict]:
+    import torch
+
+    sys.path.insert(0, HERE)
+    from bench_op import MATMUL
+
+    extension = build()
+    rows = []
+    for batch, m, k, n in SIZES:
+        size = f"{batch}x{m}x{k} @ {batch}x{k}x{n} fp16"
+        operands = [
+            [torch.randn(batch, m, k, device="cuda", dtype=torch.float16), torch.randn(batch, k, n, device="cuda", dtype=torch.float16)]
+            for _ in range(max(THREAD_COUNTS))
+        ]
+        plan, why = _backend_plan(MATMUL, operands[0])
+        backend_operands, workspaces = [], []
+        if plan is not None:
+            spec, built = plan
+            for a, b in operands:
+                outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="cuda") for s in built.layout.outputs]
+                backend_operands.append([a, b, *outputs])
+                workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device="cuda") if built.workspace_size else None
+                workspaces.append(workspace[spec.fe_workspace_size:] if workspace is not None else None)
+        torch.cuda.synchronize()
+        timers = {
+            "cudnn_fe.execute": lambda t: extension.op_calls_per_second(MATMUL, operands, t, calls),
+            "torch.bmm": lambda t: extension.bmm_calls_per_second(operands, t, calls),
+        }
+        if plan is not None:
+            for shared, name in ((True, CANDIDATES[2]), (False, CANDIDATES[3])):
+                timers[name] = lambda t, shared=shared: extension.backend_calls_per_second(
+                    plan[0].plan_json, list(plan[1].uids), backend_operands, workspaces, shared, t, calls)
+        print(f"\n### C++ threads, {size}, {calls} calls per thread" + ("" if plan else f" (no backend-alone rows: {why})") + "\n", flush=True)
+        print("| threads | " + " | ".join(f"{name} calls/s" for name in timers) + " | op / bmm | op / backend shared |")
+        print("| ---: |" + " ---: |" * (len(timers) + 2))
+        for threads in THREAD_COUNTS:
+            samples: Dict[str, List[float]] = {name: [] for name in timers}
+            for index in range(rounds):
+                for name in (list(timers) if index % 2 == 0 else reversed(list(timers))):
+                    samples[name].append(timers[name](threads))
+            rate = {name: statistics.median(values) for name, values in samples.items()}
+            row = dict(size=size, threads=threads, calls_per_thread=calls, rates=rate,
+                       op_over_bmm=rate["cudnn_fe.execute"] / rate["torch.bmm"])
+            if CANDIDATES[2] in rate:
+                row["op_over_backend"] = rate["cudnn_fe.execute"] / rate[CANDIDATES[2]]
+            rows.append(row)
+            backend_ratio = f"{row['op_over_backend']:.2f}x" if "op_over_backend" in row else "-"
+            print(f"| {threads} | " + " | ".join(f"{rate[name]:,.0f}" for name in timers) + f" | {row['op_over_bmm']:.2f}x | {backend_ratio} |", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    rows = measure(args.calls, args.rounds)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
