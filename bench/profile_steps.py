@@ -444,12 +444,91 @@ def section_plans(out: Out, args, sdpa_state: dict) -> None:
             out.say(f"    ranked plans unavailable: {_reason(error)}")
 
 
+def section_host_costs(out: Out, args, number: int) -> None:
+    """Host microseconds to issue one call of each graph the small-size steps run: the op
+    (native path, no autograd), cudnnBackendExecute alone on the same plan (the op's
+    floor), and torch's nearest equivalent. Issue time only: below the launch queue's depth."""
+    import statistics as stats
+
+    import torch
+    import torch.nn.functional as F
+
+    import torch_cudnn_handle as tch
+    import thread_scaling
+    from timing import host_us_per_call
+    from torch_cudnn_handle.nn import RMSNorm
+    from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
+    from torch_cudnn_handle.nn.linear import GELU_BACKWARD, LINEAR_GRAPHS, MATMUL
+
+    out.say(f"\n## {number}. host us to issue one call: the op, cudnnBackendExecute alone (the op's floor), torch's equivalent")
+    try:
+        extension = thread_scaling.build()
+    except Exception as error:  # noqa: BLE001
+        out.say(f"  unavailable: {_reason(error)}")
+        return
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    rows, hidden = RMSNORM_SMALL
+    norm = RMSNorm(hidden, **bf16)
+    x4 = torch.randn(rows, hidden, 1, 1, **bf16)
+    w4 = norm.weight.detach().view(1, hidden, 1, 1)
+    with torch.no_grad():
+        y4, inv_var = tch.execute(norm._graph, [x4, w4])
+    backward_id = tch.registry._registry.definition(norm._graph).backward_id
+    n_rows, k, n = LINEAR_SMALL
+    x3 = torch.randn(1, n_rows, k, **bf16)
+    weight = torch.randn(n, k, **bf16)
+    bias = torch.randn(1, 1, n, **bf16)
+    with torch.no_grad():
+        y3, z3 = tch.execute(LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias])
+    b, h, sq, d = SDPA_SHAPE
+    q, kk, v = (torch.randn(b, h, sq, d, **bf16) for _ in range(3))
+    with torch.no_grad():
+        o, lse = tch.execute(SDPA_GRAPHS[True], [q, kk, v])
+    sdpa_backward = tch.registry._registry.definition(SDPA_GRAPHS[True]).backward_id
+    cases = [
+        ("rmsnorm fwd [4096, 1024]", norm._graph, [x4, w4], lambda: F.rms_norm(x4.view(rows, hidden), (hidden,), norm.weight, 1e-5)),
+        ("rmsnorm bwd [4096, 1024]", backward_id, [y4, x4, w4, inv_var],
+         lambda: torch.ops.aten._fused_rms_norm_backward(y4.view(rows, hidden), x4.view(rows, hidden), [hidden], inv_var.view(rows, 1),
+                                                       norm.weight, [True, True]) if hasattr(torch.ops.aten, "_fused_rms_norm_backward") else None),
+        ("linear+bias+gelu fwd [2048, 1024] -> 4096", LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias],
+         lambda: F.gelu(F.linear(x3, weight, bias.view(n)))),
+        ("matmul dX [2048, 4096] @ [4096, 1024]", MATMUL, [y3, weight.unsqueeze(0)], lambda: torch.matmul(y3, weight)),
+        ("matmul dW [4096, 2048] @ [2048, 1024]", MATMUL, [y3.mT, x3], lambda: torch.matmul(y3.mT, x3)),
+        ("gelu backward [2048, 4096]", GELU_BACKWARD, [y3, z3], lambda: torch.ops.aten.gelu_backward(y3, z3)),
+        ("sdpa fwd [4, 16, 1024, 64]", SDPA_GRAPHS[True], [q, kk, v],
+         lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q, kk, v, None, True, 0.0, True, False)),
+        ("sdpa bwd [4, 16, 1024, 64]", sdpa_backward, [q, kk, v, o, o.clone(), lse], None),
+    ]
+    calls, rounds = (50, 3) if args.quick else (200, 7)
+    out.say(f"  (median of {rounds} rounds of {calls} calls, each timed until its last call is issued)")
+    out.say(f"  {'graph':44s} {'op us':>8s} {'backend us':>11s} {'op - backend':>13s} {'torch us':>9s}  path")
+    for label, graph_id, operands, torch_fn in cases:
+        try:
+            with torch.no_grad():
+                op_us = stats.median(host_us_per_call(lambda: tch.execute(graph_id, operands), calls) for _ in range(rounds))
+            backend = thread_scaling.BackendCall(graph_id, operands, 1)
+            backend_us = stats.median(backend.issue_us(extension, calls) for _ in range(rounds)) if backend.plan_json else None
+            torch_us = None
+            if torch_fn is not None:
+                try:
+                    torch_fn()
+                    torch_us = stats.median(host_us_per_call(torch_fn, calls) for _ in range(rounds))
+                except Exception as error:  # noqa: BLE001 -- an equivalent this torch lacks
+                    out.detail(f"  {label}: torch equivalent unavailable: {_reason(error)}")
+            cell = lambda v, signed=False: "-" if v is None else (f"{v:+.1f}" if signed else f"{v:.1f}")  # noqa: E731
+            difference = None if backend_us is None else op_us - backend_us
+            out.say(f"  {label:44s} {cell(op_us):>8s} {cell(backend_us):>11s} {cell(difference, True):>13s} {cell(torch_us):>9s}  "
+                    f"{'native' if backend.plan_json else backend.why}")
+        except Exception as error:  # noqa: BLE001
+            out.say(f"  {label:44s} failed: {_reason(error)}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_steps.txt"), help="the full detail (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds: a smoke run")
     parser.add_argument("--no-plans", action="store_true", help="skip section 4 (every ranked plan of the sdpa graphs)")
-    parser.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run, comma-separated (default: all)")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7", help="which sections to run, comma-separated (default: all)")
     args = parser.parse_args(argv)
     args.steps_timed, args.steps_profiled, args.rounds, args.plan_calls = (10, 3, 2, 10) if args.quick else (50, 5, 5, 50)
     sections = {s.strip() for s in args.sections.split(",")}
@@ -480,6 +559,8 @@ def main(argv=None) -> int:
             section_rmsnorm(out, args, RMSNORM_SMALL, 5, ("fwd", "fwd+bwd"))
         if "6" in sections:
             section_linear(out, args, 6)
+        if "7" in sections:
+            section_host_costs(out, args, 7)
         out.say(f"\nregistry: {tch.registry_stats()}; pool: {tch.pool_stats()}")
         if "4" in sections and not args.no_plans and sdpa_state:
             section_plans(out, args, sdpa_state)

@@ -45,20 +45,57 @@ def build():
                           with_cuda=True, extra_cflags=("-O3",))
 
 
-def _backend_plan(graph_id: int, inputs):
-    """The serialized backend plan the op runs for these inputs and its operand uids,
-    or (None, why) when the plan needs more than its operands per call."""
-    import torch_cudnn_handle as tch
-    from torch_cudnn_handle.native import backend_plan_of
-    from torch_cudnn_handle.registry import TensorSpec
+class BackendCall:
+    """What cudnnBackendExecute alone needs to run the plan the op runs for ``inputs`` of
+    ``graph_id``, once per thread: the plan's JSON and pack uids, and per thread the
+    pointers the op would pass (its operands, pass-by-value scalars in host memory,
+    workspace tensors, replacements), its workspace and the regions zeroed before each call.
+    ``why`` says why there is none (the graph is not served by a native plan)."""
 
-    tch.execute(graph_id, inputs)  # built (and registered natively) here
-    specs = tuple(TensorSpec.of(t) for t in inputs)
-    built = next(b for b in tch.built_graphs(graph_id) if b.inputs == specs and b.device == inputs[0].device.index)
-    spec, why = backend_plan_of(built.graph, built.uids)
-    if spec is None or spec.by_value or spec.workspace_tensors or spec.replacements:
-        return None, why if spec is None else "the plan needs per-call extras"
-    return (spec, built), why
+    def __init__(self, graph_id: int, inputs, threads: int, operand_sets=None):
+        import torch
+
+        import torch_cudnn_handle as tch
+        from torch_cudnn_handle.native import backend_plan_of
+        from torch_cudnn_handle.registry import TensorSpec
+
+        with torch.no_grad():
+            tch.execute(graph_id, inputs)  # built (and registered natively) here
+        specs = tuple(TensorSpec.of(t) for t in inputs)
+        device = inputs[0].device
+        built = next(b for b in tch.built_graphs(graph_id) if b.inputs == specs and b.device == device.index)
+        spec, self.why = backend_plan_of(built.graph, built.uids)
+        self.device, self.plan_json, self.uids = device.index, None, []
+        self.pointers, self.workspace, self.memsets, self._keep = [], [], [], []
+        if spec is None:
+            return
+        self.plan_json = spec.plan_json
+        self.uids = list(built.uids) + [uid for uid, _ in spec.by_value] + [uid for uid, _, _ in spec.workspace_tensors] + \
+            [uid for uid, _, _ in spec.replacements]
+        scalars = [torch.frombuffer(bytearray(value.ljust(8, b"\0")), dtype=torch.uint8) for _, value in spec.by_value]
+        self._keep += scalars
+        for t in range(threads):
+            operands = list(operand_sets[t]) if operand_sets is not None else list(inputs)
+            outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
+            workspace = torch.empty(max(built.workspace_size, 1), dtype=torch.uint8, device=device)
+            self._keep += [operands, outputs, workspace]
+            base = workspace.data_ptr()
+            pointers = [tensor.data_ptr() for tensor in operands + outputs] + [scalar.data_ptr() for scalar in scalars]
+            pointers += [base + offset for _, offset, _ in spec.workspace_tensors]
+            by_uid = dict(zip(self.uids, pointers))
+            pointers += [by_uid[source] + offset for _, source, offset in spec.replacements]
+            self.pointers.append(pointers)
+            self.workspace.append(base + spec.fe_workspace_size if built.workspace_size else 0)
+            self.memsets.append([(base + offset, zeroed) for _, offset, zeroed in spec.workspace_tensors if zeroed])
+
+    def issue_us(self, extension, calls: int) -> float:
+        """Host microseconds one thread takes to issue one cudnnBackendExecute of the plan."""
+        return extension.backend_issue_us(self.plan_json, self.uids, self.pointers[0], self.workspace[0], self.memsets[0],
+                                          calls, device=self.device)
+
+    def calls_per_second(self, extension, threads: int, calls: int, shared_plan: bool = True) -> float:
+        return extension.backend_calls_per_second(self.plan_json, self.uids, self.pointers, self.workspace, self.memsets,
+                                                  shared_plan, threads, calls, device=self.device)
 
 
 def measure(calls: int = 2000, rounds: int = 3) -> List[dict]:
@@ -75,25 +112,17 @@ def measure(calls: int = 2000, rounds: int = 3) -> List[dict]:
             [torch.randn(batch, m, k, device="cuda", dtype=torch.float16), torch.randn(batch, k, n, device="cuda", dtype=torch.float16)]
             for _ in range(max(THREAD_COUNTS))
         ]
-        plan, why = _backend_plan(MATMUL, operands[0])
-        backend_operands, workspaces = [], []
-        if plan is not None:
-            spec, built = plan
-            for a, b in operands:
-                outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="cuda") for s in built.layout.outputs]
-                backend_operands.append([a, b, *outputs])
-                workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device="cuda") if built.workspace_size else None
-                workspaces.append(workspace[spec.fe_workspace_size:] if workspace is not None else None)
+        backend = BackendCall(MATMUL, operands[0], max(THREAD_COUNTS), operands)
         torch.cuda.synchronize()
         timers = {
             "cudnn_fe.execute": lambda t: extension.op_calls_per_second(MATMUL, operands, t, calls),
             "torch.bmm": lambda t: extension.bmm_calls_per_second(operands, t, calls),
         }
-        if plan is not None:
+        if backend.plan_json is not None:
             for shared, name in ((True, CANDIDATES[2]), (False, CANDIDATES[3])):
-                timers[name] = lambda t, shared=shared: extension.backend_calls_per_second(
-                    plan[0].plan_json, list(plan[1].uids), backend_operands, workspaces, shared, t, calls)
-        print(f"\n### C++ threads, {size}, {calls} calls per thread" + ("" if plan else f" (no backend-alone rows: {why})") + "\n", flush=True)
+                timers[name] = lambda t, shared=shared: backend.calls_per_second(extension, t, calls, shared)
+        note = "" if backend.plan_json else f" (no backend-alone rows: {backend.why})"
+        print(f"\n### C++ threads, {size}, {calls} calls per thread{note}\n", flush=True)
         print("| threads | " + " | ".join(f"{name} calls/s" for name in timers) + " | op / bmm | op / backend shared |")
         print("| ---: |" + " ---: |" * (len(timers) + 2))
         for threads in THREAD_COUNTS:

@@ -76,3 +76,19 @@ def test_a_declared_backward_differentiates_on_meta_tensors():
     (y,) = tch.execute(RELU_DECLARED, [x])
     y.backward(torch.empty_like(y))
     assert x.grad is not None and x.grad.shape == x.shape and x.grad.device.type == "meta"
+
+
+@pytest.mark.parametrize("materialize", [True, False])
+def test_a_backward_function_gets_zeros_or_none_for_an_unused_output(materialize):
+    seen = []
+
+    def backward_fn(grads, inputs, outputs):
+        seen.append([None if g is None else (g.shape, bool(g.device.type == "meta")) for g in grads])
+        return [torch.empty_like(inputs[0])]
+
+    gid = tch.register_graph(two_outputs, name=f"two_outputs_fn_{materialize}", backward_fn=backward_fn, materialize_grads=materialize)
+    x = torch.empty(2, 8, 8, device="meta", requires_grad=True)
+    a, _b = tch.execute(gid, [x])
+    a.backward(torch.empty_like(a))
+    assert seen[0][0] == (a.shape, True)
+    assert seen[0][1] == ((a.shape, True) if materialize else None)

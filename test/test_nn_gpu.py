@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import python_backward_calls, requires_cuda
+from torch_cudnn_handle import execute as tch_execute
 
 pytestmark = requires_cuda
 
@@ -107,6 +108,22 @@ def test_sdpa(layout, causal, dtype):
     assert results["cudnn"][0].stride() == q.stride()  # O in Q's layout
     for i, what in enumerate(("O", "dQ", "dK", "dV")):
         assert_close(results["cudnn"][i], results["float32"][i], results["torch"][i], what)
+
+
+def test_the_gelu_graphs_pre_activation_output_is_differentiable_too():
+    from torch_cudnn_handle.nn.linear import LINEAR_GRAPHS
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 64, 32, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    weight = torch.randn(48, 32, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    bias = torch.randn(48, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    y, z = tch_execute(LINEAR_GRAPHS["gelu"], [x, weight.unsqueeze(0).mT, bias.view(1, 1, 48)])
+    (2 * y.float().sum() + 3 * z.float().sum()).backward()
+    leaves = [t.detach().float().requires_grad_() for t in (x, weight, bias)]
+    z_ref = leaves[0] @ leaves[1].T + leaves[2]
+    (2 * F.gelu(z_ref).sum() + 3 * z_ref.sum()).backward()
+    for got, want in zip((x, weight, bias), leaves):
+        torch.testing.assert_close(got.grad.float(), want.grad, atol=0.5, rtol=3e-2)
 
 
 @pytest.mark.parametrize("module", ["sdpa", "rmsnorm"])

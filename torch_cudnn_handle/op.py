@@ -174,7 +174,8 @@ def _backward(graph: int, grad_outputs, inputs, outputs):
         return _run_backward_graph(forward, operands, len(inputs))
     # A graph is built for exact strides; autograd hands over whatever it has (an
     # expanded scalar has stride 0), so give the backward dense gradients.
-    grads = [torch.zeros_like(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
+    zeros = torch.zeros_like if forward.materialize_grads else (lambda _: None)
+    grads = [zeros(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
     if forward.backward_fn is not None:
         grad_inputs = list(forward.backward_fn(grads, inputs, outputs))
     else:

@@ -13,6 +13,7 @@
 // Handles and plans made here are never destroyed (a bench process).
 #include <torch/extension.h>
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -21,6 +22,7 @@
 #include <functional>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cudnn_library.h"
@@ -33,9 +35,15 @@ namespace {
 // One thread's set-up (untimed), then `calls` timed calls of its body.
 using ThreadSetup = std::function<std::function<void()>(int thread)>;
 
-double calls_per_second(int device, int threads, int64_t calls, int64_t warmup, const ThreadSetup& setup) {
+// Seconds from the common start until the last thread has issued its calls, and until
+// the last thread's stream is done.
+struct Elapsed {
+  double issued, done;
+};
+
+Elapsed run_threads(int device, int threads, int64_t calls, int64_t warmup, const ThreadSetup& setup) {
   TORCH_CHECK(threads > 0 && calls > 0, "thread_scaling: threads and calls must be positive");
-  std::atomic<int> ready{0}, done{0};
+  std::atomic<int> ready{0}, issued{0}, done{0};
   std::atomic<bool> go{false};
   std::vector<std::exception_ptr> errors(threads);
   std::vector<std::thread> workers;
@@ -57,8 +65,13 @@ double calls_per_second(int device, int threads, int64_t calls, int64_t warmup, 
       try {
         if (!errors[t]) {
           for (int64_t i = 0; i < calls; ++i) body();
-          on_stream->current_stream().synchronize();
         }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+      issued.fetch_add(1);
+      try {
+        if (!errors[t]) on_stream->current_stream().synchronize();
       } catch (...) {
         errors[t] = std::current_exception();
       }
@@ -68,13 +81,19 @@ double calls_per_second(int device, int threads, int64_t calls, int64_t warmup, 
   while (ready.load() < threads) std::this_thread::yield();
   const auto start = std::chrono::steady_clock::now();
   go.store(true, std::memory_order_release);
+  while (issued.load() < threads) std::this_thread::yield();
+  const std::chrono::duration<double> to_issue = std::chrono::steady_clock::now() - start;
   while (done.load() < threads) std::this_thread::yield();
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  const std::chrono::duration<double> to_done = std::chrono::steady_clock::now() - start;
   for (auto& worker : workers) worker.join();
   for (auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
-  return static_cast<double>(threads) * static_cast<double>(calls) / elapsed.count();
+  return {to_issue.count(), to_done.count()};
+}
+
+double calls_per_second(int device, int threads, int64_t calls, int64_t warmup, const ThreadSetup& setup) {
+  return static_cast<double>(threads) * static_cast<double>(calls) / run_threads(device, threads, calls, warmup, setup).done;
 }
 
 double op_calls_per_second(int64_t graph, std::vector<std::vector<at::Tensor>> operands, int threads, int64_t calls,
@@ -112,37 +131,65 @@ cudnnHandle_t new_handle(cudaStream_t stream) {
   return handle;
 }
 
-// `operands[t]`: thread t's tensors in the plan's uid order (inputs, then outputs it
-// writes into); `workspace[t]`: its workspace (undefined when the plan needs none).
-double backend_calls_per_second(const std::string& plan_json, std::vector<int64_t> uids,
-                                std::vector<std::vector<at::Tensor>> operands, std::vector<at::Tensor> workspace,
-                                bool shared_plan, int threads, int64_t calls, int64_t warmup) {
-  TORCH_CHECK(static_cast<int>(operands.size()) >= threads && workspace.size() == operands.size(),
-              "thread_scaling: one operand list and one workspace per thread");
-  const int device = operands[0][0].get_device();
+// Thread t's variant pack: `pointers[t]` in `uids` order (the caller computed them: the
+// op's operands, pass-by-value scalars in host memory, workspace tensors, replacements),
+// its workspace `workspace[t]` (0: none), and `memsets[t]`, (address, bytes) zeroed
+// before each call as the op zeroes the frontend's workspace tensors.
+Elapsed backend_elapsed(const std::string& plan_json, std::vector<int64_t> uids,
+                        std::vector<std::vector<int64_t>> pointers, std::vector<int64_t> workspace,
+                        std::vector<std::vector<std::pair<int64_t, int64_t>>> memsets, bool shared_plan, int threads,
+                        int64_t calls, int64_t warmup, int device) {
+  TORCH_CHECK(static_cast<int>(pointers.size()) >= threads && workspace.size() == pointers.size() &&
+                  memsets.size() == pointers.size(),
+              "thread_scaling: one pointer list, workspace and memset list per thread");
   cudnnBackendDescriptor_t shared = nullptr;
   if (shared_plan) {
     c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
     shared = deserialize(plan_json, new_handle(c10::cuda::getCurrentCUDAStream(device).stream()));
   }
-  return calls_per_second(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
-    cudnnHandle_t handle = new_handle(c10::cuda::getCurrentCUDAStream(device).stream());
+  return run_threads(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    cudnnHandle_t handle = new_handle(stream);
     cudnnBackendDescriptor_t plan = shared ? shared : deserialize(plan_json, handle);
-    std::vector<void*> pointers;
-    for (const auto& tensor : operands[t]) pointers.push_back(tensor.data_ptr());
-    void* ws = workspace[t].defined() ? workspace[t].data_ptr() : nullptr;
+    std::vector<void*> addresses;
+    for (const auto p : pointers[t]) addresses.push_back(reinterpret_cast<void*>(p));
+    void* ws = reinterpret_cast<void*>(workspace[t]);
     backend::ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     const auto count = static_cast<int64_t>(uids.size());
+    TORCH_CHECK(addresses.size() == uids.size(), "thread_scaling: one pointer per uid");
     backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count,
-                           pointers.data(), "pointers");
+                           addresses.data(), "pointers");
     backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, uids.data(), "uids");
     backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "workspace");
     backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
     cudnnBackendDescriptor_t variant_pack = pack.release();
-    return [handle, plan, variant_pack] {
+    auto zero = memsets[t];
+    return [handle, plan, variant_pack, zero, stream] {
+      for (const auto& [address, bytes] : zero) {
+        C10_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(address), 0, static_cast<size_t>(bytes), stream));
+      }
       backend::check_cudnn(backend::cudnn_library().execute(handle, plan, variant_pack), "cudnnBackendExecute");
     };
   });
+}
+
+double backend_calls_per_second(const std::string& plan_json, std::vector<int64_t> uids,
+                                std::vector<std::vector<int64_t>> pointers, std::vector<int64_t> workspace,
+                                std::vector<std::vector<std::pair<int64_t, int64_t>>> memsets, bool shared_plan,
+                                int threads, int64_t calls, int64_t warmup, int device) {
+  const auto elapsed = backend_elapsed(plan_json, std::move(uids), std::move(pointers), std::move(workspace),
+                                       std::move(memsets), shared_plan, threads, calls, warmup, device);
+  return static_cast<double>(threads) * static_cast<double>(calls) / elapsed.done;
+}
+
+// Host microseconds to issue one call, one thread: cudnnBackendExecute's own host cost
+// (keep `calls` below the launch queue's depth, or a GPU-bound plan blocks the host).
+double backend_issue_us(const std::string& plan_json, std::vector<int64_t> uids, std::vector<int64_t> pointers,
+                        int64_t workspace, std::vector<std::pair<int64_t, int64_t>> memsets, int64_t calls,
+                        int64_t warmup, int device) {
+  const auto elapsed = backend_elapsed(plan_json, std::move(uids), {std::move(pointers)}, {workspace}, {std::move(memsets)},
+                                       true, 1, calls, warmup, device);
+  return elapsed.issued * 1e6 / static_cast<double>(calls);
 }
 
 }  // namespace
@@ -155,6 +202,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bmm_calls_per_second", &bmm_calls_per_second, py::arg("operands"), py::arg("threads"), py::arg("calls"),
         py::arg("warmup") = 20, released);
   m.def("backend_calls_per_second", &backend_calls_per_second, py::arg("plan_json"), py::arg("uids"),
-        py::arg("operands"), py::arg("workspace"), py::arg("shared_plan"), py::arg("threads"), py::arg("calls"),
-        py::arg("warmup") = 20, released);
+        py::arg("pointers"), py::arg("workspace"), py::arg("memsets"), py::arg("shared_plan"), py::arg("threads"),
+        py::arg("calls"), py::arg("warmup") = 20, py::arg("device") = 0, released);
+  m.def("backend_issue_us", &backend_issue_us, py::arg("plan_json"), py::arg("uids"), py::arg("pointers"),
+        py::arg("workspace"), py::arg("memsets"), py::arg("calls"), py::arg("warmup") = 20, py::arg("device") = 0,
+        released);
 }

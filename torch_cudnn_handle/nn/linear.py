@@ -85,13 +85,16 @@ GELU_BACKWARD = register_graph(gelu_backward, name="nn_gelu_backward")
 
 def _make_backward(activation: Optional[str]):
     def linear_backward(grads, inputs, outputs):
-        dy, x, w = grads[0], inputs[0], inputs[1]  # x [1, R, K], w [1, K, N] (a view of weight [N, K])
+        x, w = inputs[0], inputs[1]  # x [1, R, K], w [1, K, N] (a view of weight [N, K])
+        dy = grads[0] if grads[0] is not None else torch.zeros_like(outputs[0])  # None: only z was used
         if activation == "relu":
             (dz,) = execute(RELU_BACKWARD, [dy, outputs[0]])
         elif activation == "gelu":
             (dz,) = execute(GELU_BACKWARD, [dy, outputs[1]])
         else:
             dz = dy
+        if len(grads) > 1 and grads[1] is not None:  # the gelu graph's pre-activation z, used directly
+            dz = dz + grads[1]
         (dx,) = execute(MATMUL, [dz, w.mT])  # [1, R, N] @ [1, N, K]
         (dw,) = execute(MATMUL, [dz.mT, x])  # [1, N, R] @ [1, R, K]: weight's own layout
         return [dx, dw.mT, dz.sum(dim=1, keepdim=True)]
@@ -102,7 +105,11 @@ def _make_backward(activation: Optional[str]):
 
 LINEAR_GRAPHS = {
     activation: register_graph(
-        linear_forward, name=f"nn_linear_{activation or 'identity'}", backward_fn=_make_backward(activation), activation=activation
+        linear_forward,
+        name=f"nn_linear_{activation or 'identity'}",
+        backward_fn=_make_backward(activation),
+        materialize_grads=False,  # the gelu graph's pre-activation output gets no gradient from the module: no zero fill
+        activation=activation,
     )
     for activation in ACTIVATIONS
 }

@@ -64,6 +64,7 @@ def register_graph(
     backward: Optional[Callable[..., Any]] = None,
     backward_operands: Optional[Union[Callable[..., Sequence[torch.Tensor]], Sequence[BackwardOperand]]] = None,
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
+    materialize_grads: bool = True,
     tune: Optional[bool] = None,
     **params,
 ) -> int:
@@ -93,8 +94,15 @@ def register_graph(
       ``torch.ops.cudnn_fe.execute`` on other registered graphs.
 
     Either runs on the thread autograd picks, on the forward's device and stream.
+    A function (``backward_fn``, a computing ``backward_operands``) gets zeros for an
+    output autograd gave no gradient for, unless ``materialize_grads=False`` (then None,
+    as with ``ctx.set_materialize_grads(False)`` in a torch.autograd.Function); a
+    declared backward zero-fills only the gradients it names.
     """
-    return _registry.register(builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn, tune=tune, **params)
+    return _registry.register(
+        builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
+        materialize_grads=materialize_grads, tune=tune, **params,
+    )
 
 
 def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:

@@ -77,7 +77,7 @@ class GraphRegistry:
             self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
             return graph_id
 
-    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, tune=None, **params) -> int:
+    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, materialize_grads=True, tune=None, **params) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
         declared = _declared_operands(backward_operands)
@@ -105,6 +105,7 @@ class GraphRegistry:
                 backward_operands=None if declared else (backward_operands or _default_backward_operands),
                 declared_operands=declared,
                 backward_fn=backward_fn,
+                materialize_grads=bool(materialize_grads),
                 tune=tune,
             )
         )
