@@ -436,6 +436,16 @@ def _markdown_module_table(data: dict) -> List[str]:
             r = by_run.get(run)
             cells += [modules.ratio_text(r) if r else "-", (r.get("fastest") or "-") if r else "-"]
         lines.append(f"| {config} | {size} | {shape} | {mode} | " + " | ".join(cells) + " |")
+    compiled = [r for r in sorted(rows, key=modules.row_order) if r.get("compiled_ratio") is not None]
+    if compiled:
+        lines += ["", "### The library's module under torch.compile", "",
+                  "The same steps with the library's module compiled (`torch.compile(module)`, what a model that compiles "
+                  "gets), against the same fastest alternative.", "",
+                  "| module | size | mode | run | library ms | library compiled ms | fastest alternative | library compiled / fastest |",
+                  "| --- | --- | --- | --- | ---: | ---: | --- | ---: |"]
+        lines += [f"| {r['config']} | {r['size']} | {r['mode']} | {r.get('run', 'untuned')} | {modules._ms(r['ms'].get(modules.LIBRARY))} | "
+                  f"{modules._ms(r['ms'].get(modules.LIBRARY_COMPILED))} | {r['fastest']} {modules._ms(r['ms'].get(r['fastest']))} | "
+                  f"{_x(r['compiled_ratio'])} |" for r in compiled]
     for run in present:
         lines += ["", f"### {run} run: every candidate", ""]
         lines += modules.markdown_table([r for r in rows if r.get("run", "untuned") == run])

@@ -32,6 +32,12 @@ def synthetic_report() -> dict:
         for mode, base in (("fwd", 0.1), ("fwd+bwd", 0.3)):
             rows.append(module_row(run, "sdpa", "sdpa (causal)", "sdpa(causal) D=64", "small", "q, k, v [4, 16, 1024, 64]", mode,
                                    {"library": 2 * base * scale, "torch flash": base * 1.5, "torch cuDNN": base, "frontend op": base * 1.1}))
+            block = module_row(run, "block", "TransformerBlock", "TransformerBlock(512, 8)", "small", "x [8, 256, 512]", mode,
+                               {"library": base * 3, "torch eager": base * 4, "torch compile": base * 2, "library compile": base * 1.5})
+            block["ratio"] = base * 3 / (base * 2)
+            block["fastest"] = "torch compile"
+            block["compiled_ratio"] = 0.75
+            rows.append(block)
             rows.append(module_row(run, "linear_gelu", "FusedLinear(gelu)", "FusedLinear(1024, 4096, 'gelu')", "small", "x [2048, 1024]", mode,
                                    {"library": base * scale, "torch eager": base * 2, "torch compile": base * 4},
                                    {"frontend op": "no torch op for a dense linear + bias + gelu"}))
@@ -95,6 +101,8 @@ def test_renders_the_module_table_both_runs(tmp_path):
     # the other new sections
     assert "## 3. The op adds no GPU work" in report and "1.000x" in report
     assert "| 1 | 70,000 | 80,000 | 90,000 | 0.78x | 0.89x |" in report
+    assert "### The library's module under torch.compile" in report
+    assert "| TransformerBlock(512, 8) | small | fwd | untuned | 0.300 | 0.150 | torch compile 0.200 | 0.75x |" in report
     assert "### C++ threads: where calls serialize" in report
     assert "| 16 | 40,000 | 80,000 | 42,000 | 41,000 | 0.50x | 0.95x |" in report
     assert "sections measured: threads 2026-01-01 00:00 UTC; modules 2026-01-01 00:10 UTC" in report
