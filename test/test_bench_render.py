@@ -62,6 +62,7 @@ def synthetic_report() -> dict:
             for t in (1, 4, 16, 64)
         ],
         "measured": {"threads": "2026-01-01 00:00 UTC", "modules": "2026-01-01 00:10 UTC"},
+        "notes": ["**sdpa small fwd+bwd**: host-bound, the same kernels as torch's cuDNN backend"],
         "gpu_work": [
             dict(graph="matmul [8, 2048, 2048] @ [8, 2048, 2048] fp16", graph_id=3, native=True, path_reason="backend plan, run from C++",
                  workspace_bytes=0, op_ms=0.2101, frontend_ms=0.2100, ratio=0.2101 / 0.2100, op_kernels={"sm90_gemm_kernel": [1.0, 209.0]},
@@ -106,12 +107,13 @@ def test_renders_the_module_table_both_runs(tmp_path):
     assert "### C++ threads: where calls serialize" in report
     assert "| 16 | 40,000 | 80,000 | 42,000 | 41,000 | 0.50x | 0.95x |" in report
     assert "sections measured: threads 2026-01-01 00:00 UTC; modules 2026-01-01 00:10 UTC" in report
+    assert "## Goals not met: the measured reasons" in report and "- **sdpa small fwd+bwd**: host-bound" in report
     assert "![plots](report.png)" in report
 
 
 def test_renders_an_earlier_report(tmp_path):
     data = synthetic_report()
-    for key in ("gpu_work", "module_table", "module_table_runs", "thread_scaling_cpp", "measured"):
+    for key in ("gpu_work", "module_table", "module_table_runs", "thread_scaling_cpp", "measured", "notes"):
         del data[key]
     for row in data["thread_scaling"]:
         del row["eager_calls_per_s"], row["eager_ratio"]
