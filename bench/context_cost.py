@@ -32,15 +32,10 @@ DIFFERENCE = "difference: restoring the caller's context (guard - bind)"
 
 def build():
     """The extension, compiled on first use (tools/extension_build.py)."""
-    import torch
-
-    if torch.version.cuda is None:
-        raise RuntimeError(f"bench/context_cost.py needs a CUDA build of torch (this is {torch.__version__})")
     sys.path.insert(0, ROOT)
-    from tools.extension_build import load_auxiliary
+    from tools.extension_build import load_cuda_bench
 
-    return load_auxiliary("context_cost", ["bench/csrc/context_cost.cpp", "csrc/context/context_guard.cpp"], kind="bench",
-                          with_cuda=True, extra_cflags=("-O3",))
+    return load_cuda_bench("context_cost", ["bench/csrc/context_cost.cpp", "csrc/context/context_guard.cpp"])
 
 
 def measure(device: int = 0, calls: int = 100_000, rounds: int = 15) -> Dict[str, float]:

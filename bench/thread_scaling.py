@@ -34,15 +34,11 @@ CANDIDATES = ("cudnn_fe.execute", "torch.bmm", "cudnnBackendExecute, shared plan
 
 
 def build():
-    import torch
-
-    if torch.version.cuda is None:
-        raise RuntimeError(f"bench/thread_scaling.py needs a CUDA build of torch (this is {torch.__version__})")
+    """The extension, compiled on first use (tools/extension_build.py)."""
     sys.path.insert(0, ROOT)
-    from tools.extension_build import load_auxiliary
+    from tools.extension_build import load_cuda_bench
 
-    return load_auxiliary("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp"], kind="bench",
-                          with_cuda=True, extra_cflags=("-O3",))
+    return load_cuda_bench("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp"])
 
 
 class BackendCall:

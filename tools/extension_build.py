@@ -52,3 +52,12 @@ def load_auxiliary(name: str, sources: list, *, kind: str, with_cuda: bool, extr
         with_cuda=with_cuda,
         verbose=False,
     )
+
+
+def load_cuda_bench(name: str, sources: list):
+    """A bench-only extension that needs CUDA (bench/csrc), optimized; a clear error on a CPU torch."""
+    import torch
+
+    if torch.version.cuda is None:
+        raise RuntimeError(f"the {name} benchmark needs a CUDA build of torch (this is {torch.__version__})")
+    return load_auxiliary(name, sources, kind="bench", with_cuda=True, extra_cflags=("-O3",))
