@@ -40,7 +40,7 @@ class _Definition:
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     materialize_grads: bool = True  # a backward function gets zeros (else None) for an output without a gradient
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
-    tune: Optional[bool] = None  # time the candidate plans (plan_tuning.py); None: the process-wide setting
+    tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
