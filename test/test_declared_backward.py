@@ -46,6 +46,11 @@ def test_registration_checks_indices_and_count_against_the_builders():
         tch.register_graph(relu, backward_operands=[BackwardOperand.grad(0)])
 
 
+def test_a_declaration_is_made_once_per_graph():
+    with pytest.raises(RuntimeError, match="already has a declared backward"):
+        _C.declare_backward(DECLARED, DECLARED, [(1, 0, -1)])
+
+
 def test_assembly_zero_fills_a_missing_gradient_densifies_and_restrides():
     x = torch.randn(2, 3, 4)
     y0 = torch.randn(2, 3, 4)

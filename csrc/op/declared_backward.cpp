@@ -31,7 +31,9 @@ const at::Tensor& pick(at::TensorList tensors, int64_t index, const char* what) 
 void declare_backward(int64_t forward_graph, DeclaredBackward declared) {
   auto& t = table();
   std::unique_lock<std::shared_mutex> lock(t.mutex);
-  t.by_forward[forward_graph] = std::make_unique<const DeclaredBackward>(std::move(declared));
+  // Once per graph id: a node may be running the declaration it was given.
+  const bool added = t.by_forward.try_emplace(forward_graph, std::make_unique<const DeclaredBackward>(std::move(declared))).second;
+  TORCH_CHECK(added, "torch_cudnn_handle: graph ", forward_graph, " already has a declared backward");
 }
 
 const DeclaredBackward* declared_backward(int64_t forward_graph) {
