@@ -58,10 +58,6 @@ void execute_out_cuda(int64_t graph, at::TensorList inputs, at::TensorList out) 
   python_kernels::execute_out(graph, inputs, out);
 }
 
-}  // namespace
-
-namespace {
-
 std::vector<at::Tensor> run_plan(const native::NativePlan& plan, at::TensorList inputs) {
   DeviceCall call(plan.device());
   std::vector<at::Tensor> outputs;
