@@ -24,6 +24,7 @@ VERSION = runpy.run_path(os.path.join(HERE, "torch_cudnn_handle", "_version.py")
 # Files that need the CUDA toolkit and a CUDA torch; the rest builds everywhere.
 CUDA_ONLY = {
     "csrc/backend/cudnn_library.cpp",
+    "csrc/backend/descriptors.cpp",
     "csrc/context/context_guard.cpp",
     "csrc/pool/cudnn_handle_pool.cpp",
     "csrc/pool/bindings.cpp",

@@ -38,7 +38,7 @@ def build():
     sys.path.insert(0, ROOT)
     from tools.extension_build import load_cuda_bench
 
-    return load_cuda_bench("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp"])
+    return load_cuda_bench("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp", "csrc/backend/descriptors.cpp"])
 
 
 class BackendCall:

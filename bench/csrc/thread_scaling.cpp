@@ -1,5 +1,5 @@
 // A bench-only extension (bench/thread_scaling.py builds it with torch.utils.cpp_extension
-// .load, from this file and csrc/backend/cudnn_library.cpp): calls per second of T C++
+// .load, from this file and csrc/backend/): calls per second of T C++
 // threads (no GIL anywhere), each on its own stream from torch's pool, started together,
 // timed until every stream is done. What each thread calls:
 //
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/cudnn_library.h"
+#include "backend/descriptors.h"
 #include "op/execute_op.h"
 
 namespace backend = torch_cudnn_handle::backend;
@@ -115,15 +116,6 @@ double bmm_calls_per_second(std::vector<std::vector<at::Tensor>> operands, int t
   });
 }
 
-cudnnBackendDescriptor_t deserialize(const std::string& plan_json, cudnnHandle_t handle) {
-  backend::ScopedDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
-                         static_cast<int64_t>(plan_json.size()), plan_json.data(), "plan JSON");
-  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "plan handle");
-  backend::check_cudnn(backend::cudnn_library().finalize(plan.get()), "deserializing the plan");
-  return plan.release();
-}
-
 cudnnHandle_t new_handle(cudaStream_t stream) {
   cudnnHandle_t handle = nullptr;
   backend::check_cudnn(backend::cudnn_library().create(&handle), "cudnnCreate");
@@ -145,24 +137,16 @@ Elapsed backend_elapsed(const std::string& plan_json, std::vector<int64_t> uids,
   cudnnBackendDescriptor_t shared = nullptr;
   if (shared_plan) {
     c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
-    shared = deserialize(plan_json, new_handle(c10::cuda::getCurrentCUDAStream(device).stream()));
+    shared = backend::deserialize_plan(plan_json, new_handle(c10::cuda::getCurrentCUDAStream(device).stream()));
   }
   return run_threads(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
     cudnnHandle_t handle = new_handle(stream);
-    cudnnBackendDescriptor_t plan = shared ? shared : deserialize(plan_json, handle);
+    cudnnBackendDescriptor_t plan = shared ? shared : backend::deserialize_plan(plan_json, handle);
     std::vector<void*> addresses;
     for (const auto p : pointers[t]) addresses.push_back(reinterpret_cast<void*>(p));
-    void* ws = reinterpret_cast<void*>(workspace[t]);
-    backend::ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    const auto count = static_cast<int64_t>(uids.size());
-    TORCH_CHECK(addresses.size() == uids.size(), "thread_scaling: one pointer per uid");
-    backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count,
-                           addresses.data(), "pointers");
-    backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, uids.data(), "uids");
-    backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "workspace");
-    backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
-    cudnnBackendDescriptor_t variant_pack = pack.release();
+    cudnnBackendDescriptor_t variant_pack =
+        backend::make_variant_pack(uids, addresses, reinterpret_cast<void*>(workspace[t]));
     auto zero = memsets[t];
     return [handle, plan, variant_pack, zero, stream] {
       for (const auto& [address, bytes] : zero) {

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "backend/cudnn_library.h"
+#include "backend/descriptors.h"
 #include "native/graph_keepalive.h"
 #include "native/native_scratch.h"
 
@@ -88,24 +89,13 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
   // plan is finalized for the device of the handle it is given.
   c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
   PooledCudnnHandle* handle = handle_for_call(device, c10::cuda::getCurrentCUDAStream(device).stream());
-  backend::ScopedDescriptor plan(deserialize_plan(plan_json, handle->backend_handle));
+  backend::ScopedDescriptor plan(backend::deserialize_plan(plan_json, handle->backend_handle));
   int64_t count = 0;
   backend::check_cudnn(backend::cudnn_library().get_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                               CUDNN_TYPE_INT64, 1, &count, &engine_workspace_size_),
                        "reading the execution plan's workspace size");
   plan_ = plan.release();
   plans_alive.fetch_add(1, std::memory_order_relaxed);
-}
-
-cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle) {
-  backend::ScopedDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
-                         static_cast<int64_t>(plan_json.size()), plan_json.data(),
-                         "setting the execution plan's JSON representation");
-  backend::set_attribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
-                         "setting the execution plan's handle");
-  backend::check_cudnn(backend::cudnn_library().finalize(plan.get()), "deserializing the execution plan");
-  return plan.release();
 }
 
 NativePlan::~NativePlan() {

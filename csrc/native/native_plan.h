@@ -106,10 +106,6 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   mutable std::atomic<int64_t> last_used_ns_{0};
 };
 
-// A backend execution plan from its JSON representation, finalized with `handle` (so
-// for that handle's device). The caller owns the descriptor.
-cudnnBackendDescriptor_t deserialize_plan(const std::string& plan_json, cudnnHandle_t handle);
-
 // The native plans, by graph id. Thread-safe; lookups take a shared lock.
 class NativePlanTable {
  public:

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backend/cudnn_library.h"
+#include "backend/descriptors.h"
 
 namespace torch_cudnn_handle::native {
 namespace {
@@ -95,26 +96,11 @@ cudnnBackendDescriptor_t NativeScratch::variant_pack(uint64_t plan_serial, const
     backend::cudnn_library().destroy_descriptor(variant_pack_);
     variant_pack_ = nullptr;
   }
-  variant_pack_ = make_variant_pack(uids, pointers, workspace);
+  variant_pack_ = backend::make_variant_pack(uids, pointers, workspace);
   variant_pack_plan_ = plan_serial;
   variant_pack_pointers_.assign(pointers.begin(), pointers.end());
   variant_pack_pointers_.push_back(workspace);
   return variant_pack_;
-}
-
-cudnnBackendDescriptor_t make_variant_pack(const std::vector<int64_t>& uids, c10::ArrayRef<void*> pointers,
-                                           void* workspace) {
-  TORCH_CHECK(uids.size() == pointers.size(), "torch_cudnn_handle: a variant pack needs one pointer per uid");
-  backend::ScopedDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const auto count = static_cast<int64_t>(uids.size());
-  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count, pointers.data(),
-                         "setting the variant pack's pointers");
-  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, uids.data(),
-                         "setting the variant pack's uids");
-  backend::set_attribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace,
-                         "setting the variant pack's workspace");
-  backend::check_cudnn(backend::cudnn_library().finalize(pack.get()), "finalizing the variant pack");
-  return pack.release();
 }
 
 }  // namespace torch_cudnn_handle::native

@@ -42,9 +42,4 @@ class NativeScratch {
   std::vector<void*> variant_pack_pointers_;  // operands, then the workspace
 };
 
-// A variant pack for `uids` and `pointers` (one per uid) with `workspace`; the caller
-// owns it. The one place the native path and bench/ make variant packs.
-cudnnBackendDescriptor_t make_variant_pack(const std::vector<int64_t>& uids, c10::ArrayRef<void*> pointers,
-                                           void* workspace);
-
 }  // namespace torch_cudnn_handle::native
