@@ -325,6 +325,13 @@ def _markdown_host_overhead(data: dict) -> List[str]:
     return lines
 
 
+def _by_size(rows: List[dict]) -> Dict[str, List[dict]]:
+    sizes: Dict[str, List[dict]] = {}
+    for row in rows:
+        sizes.setdefault(row["size"], []).append(row)
+    return sizes
+
+
 def _markdown_thread_scaling(data: dict) -> List[str]:
     lines = [
         "",
@@ -334,10 +341,7 @@ def _markdown_thread_scaling(data: dict) -> List[str]:
         "together, until the last stream is done. `cudnn_fe.execute` (`torch.ops.cudnn_fe.execute`) and `tch.execute` "
         "(the C++ eager entry) run a registered cuDNN matmul, `torch.bmm` the same product.",
     ]
-    sizes: Dict[str, List[dict]] = {}
-    for row in data["thread_scaling"]:
-        sizes.setdefault(row["size"], []).append(row)
-    for size, rows in sizes.items():
+    for size, rows in _by_size(data["thread_scaling"]).items():
         lines += ["", f"### {size}, N = {rows[0]['calls_per_thread']} calls per thread", "",
                   "| threads | cudnn_fe.execute calls/s | tch.execute calls/s | torch.bmm calls/s | cudnn_fe.execute / torch.bmm | "
                   "tch.execute / torch.bmm |",
@@ -359,10 +363,7 @@ def _markdown_thread_scaling_cpp(rows: List[dict]) -> List[str]:
         "shared by all threads (as the op shares it) or one per thread. Where op / backend is 1x or more, the op is "
         "as fast as cuDNN's own entry point at that thread count: what serializes there is cuDNN's, not the library's.",
     ]
-    sizes: Dict[str, List[dict]] = {}
-    for row in rows:
-        sizes.setdefault(row["size"], []).append(row)
-    for size, group in sizes.items():
+    for size, group in _by_size(rows).items():
         names = list(group[0]["rates"])
         lines += ["", f"#### {size}, N = {group[0]['calls_per_thread']} calls per thread", "",
                   "| threads | " + " | ".join(f"{name} calls/s" for name in names) + " | op / torch.bmm | op / backend (shared plan) |",

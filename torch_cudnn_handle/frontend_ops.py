@@ -39,8 +39,8 @@ and refuses with an error naming the seam if one changed: all sites or none.
 from __future__ import annotations
 
 import importlib
-import sys
 import inspect
+import sys
 import threading
 import types
 import warnings
