@@ -87,8 +87,9 @@ def run_in_thread(fn):
 
 @contextlib.contextmanager
 def python_backward_calls():
-    """Records the graph id of every backward that reaches the Python registry; a
-    declared backward that a native plan serves runs in C++ and is not recorded."""
+    """Records the graph id of every backward that reaches Python (a backward function,
+    or a declared backward graph no native plan serves yet); a declared backward that a
+    native plan serves runs in C++ and is not recorded."""
     from torch_cudnn_handle import _C, op
 
     calls = []
@@ -97,8 +98,12 @@ def python_backward_calls():
         calls.append(graph)
         return op._backward(graph, grad_outputs, inputs, outputs)
 
-    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, recording)
+    def recording_declared(graph, operands, num_inputs):
+        calls.append(graph)
+        return op._run_declared_backward(graph, operands, num_inputs)
+
+    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, recording, recording_declared)
     try:
         yield calls
     finally:
-        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._backward)
+        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._backward, op._run_declared_backward)

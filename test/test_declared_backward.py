@@ -1,6 +1,6 @@
 """Declared backward operands (``BackwardOperand``) without a GPU: what registration
-refuses, and the assembly the autograd node runs in C++ (the same function the Python
-fallback calls), on CPU and meta tensors."""
+refuses, and the operands the autograd node assembles in C++, on meta tensors (the
+backward graph is then described, never built, for exactly those operands)."""
 
 import pytest
 import torch
@@ -11,10 +11,16 @@ from graphs import RELU_DECLARED, relu, relu_grad
 
 
 def two_outputs(graph, x):
-    return [graph.relu(x, name="a"), graph.sigmoid(x, name="b")]
+    """relu(x), and sigmoid(x) laid out [B, C, H] with strides (12, 1, 3): not contiguous."""
+    b = graph.sigmoid(x, name="b")
+    return [graph.relu(x, name="a"), b.set_dim(list(x.dim)).set_stride([12, 1, 3])]
+
+
+SEEN = []  # the backward graph's operand layouts, as its builder was described for them
 
 
 def uses_all(graph, dy0, dy1, x, y1):
+    SEEN.append([(list(t.dim), list(t.stride)) for t in (dy0, dy1, x, y1)])
     return [graph.relu_backward(dy0, x, name="d")]
 
 
@@ -46,34 +52,33 @@ def test_registration_checks_indices_and_count_against_the_builders():
         tch.register_graph(relu, backward_operands=[BackwardOperand.grad(0)])
 
 
-def test_a_declaration_is_made_once_per_graph():
-    with pytest.raises(RuntimeError, match="already has a declared backward"):
-        _C.declare_backward(DECLARED, DECLARED, [(1, 0, -1)])
+def test_a_record_is_declared_once_per_graph():
+    with pytest.raises(RuntimeError, match="already has a record"):
+        _C.declare_graph(DECLARED, True, DECLARED, [(1, 0, -1)], None, None, True)
 
 
-def test_assembly_zero_fills_a_missing_gradient_densifies_and_restrides():
-    x = torch.randn(2, 3, 4)
-    y0 = torch.randn(2, 3, 4)
-    y1 = torch.randn(2, 4, 3).transpose(1, 2)  # strides (12, 1, 3): not contiguous
-    dy1 = torch.randn(2, 3, 4)  # contiguous: must come back with y1's strides
-    operands = _C.assemble_backward_operands(DECLARED, [None, dy1], [x], [y0, y1])
-    assert len(operands) == 4
-    assert torch.equal(operands[0], torch.zeros_like(y0))
-    assert operands[1].stride() == y1.stride() and torch.equal(operands[1], dy1)
-    assert operands[2] is not None and operands[2].data_ptr() == x.data_ptr()  # saved tensors are passed as they are
-    assert operands[3].data_ptr() == y1.data_ptr() and operands[3].stride() == y1.stride()
-    # a non-contiguous gradient without strides_of_output is made contiguous
-    dy0 = torch.randn(2, 4, 3).transpose(1, 2)
-    dense = _C.assemble_backward_operands(DECLARED, [dy0, y1.clone()], [x], [y0, y1])[0]
-    assert dense.is_contiguous() and torch.equal(dense, dy0)
+def test_the_node_zero_fills_a_missing_gradient_densifies_and_restrides():
+    SEEN.clear()
+    x = torch.empty(2, 3, 4, device="meta", requires_grad=True)
+    y0, y1 = tch.execute(DECLARED, [x])
+    assert y1.stride() == (12, 1, 3)
+    y1.sum().backward()  # no gradient for y0; y1's is an expanded scalar (stride 0)
+    assert x.grad is not None and x.grad.shape == x.shape
+    (dy0, dy1, seen_x, seen_y1), = SEEN
+    assert dy0 == ([2, 3, 4], [12, 4, 1])  # zeros like y0, dense
+    assert dy1 == ([2, 3, 4], [12, 1, 3])  # given y1's strides (strides_of_output=1)
+    assert seen_x == ([2, 3, 4], [12, 4, 1]) and seen_y1 == ([2, 3, 4], [12, 1, 3])
 
 
-def test_assembly_names_an_operand_the_call_does_not_have():
-    x = torch.randn(2, 3, 4)
-    with pytest.raises(RuntimeError, match=r"names grad_outputs\[1\], but the forward call has 1 grad_outputs"):
-        _C.assemble_backward_operands(DECLARED, [None], [x], [x])
-    with pytest.raises(RuntimeError, match="has no declared backward"):
-        _C.assemble_backward_operands(10**9, [None], [x], [x])
+def test_an_operand_the_call_does_not_have_is_named():
+    bad = tch.register_graph(
+        two_outputs, name="names_output_5", backward=lambda g, dy, y: [g.relu_backward(dy, y)],
+        backward_operands=[BackwardOperand.grad(0), BackwardOperand.output(5)],
+    )
+    x = torch.empty(2, 3, 4, device="meta", requires_grad=True)
+    y0, _ = tch.execute(bad, [x])
+    with pytest.raises(RuntimeError, match=r"names outputs\[5\], but the forward call has 2 outputs"):
+        y0.sum().backward()
 
 
 def test_a_declared_backward_differentiates_on_meta_tensors():

@@ -15,9 +15,9 @@ from ._version import __version__
 import torch  # noqa: F401  -- before _C, which links against libtorch
 import cudnn  # noqa: F401  -- loads libcudnn, which the pool takes its handles from
 
-from .pool import PooledHandle, bind_context, current_handle, pool_stats, with_cuda
+from .pool import PooledHandle, bind_context, current_handle, pool_stats, release_workspaces, with_cuda
 
-__all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "with_cuda"]
+__all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "release_workspaces", "with_cuda"]
 
 from .build_scope import build_scope
 from .registry import BackwardOperand, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_native_path

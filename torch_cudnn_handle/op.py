@@ -63,7 +63,7 @@ def _graph_label(graph_id: int) -> str:
 def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor]):
     device = _inputs_device(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype) for t in inputs)
-    return _registry.built_graph(graph_id, device, inputs, key_specs)
+    return _registry.built_graph(graph_id, device, inputs, key_specs, torch.are_deterministic_algorithms_enabled())
 
 
 def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -139,7 +139,8 @@ def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
 
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
     _one_device(graph, inputs)
-    return _registry.layout(graph, tuple(TensorSpec.of(t) for t in inputs))
+    device = inputs[0].device
+    return _registry.layout(graph, tuple(TensorSpec.of(t) for t in inputs), device.index if device.type == "cuda" else None)
 
 
 def _one_device(graph: int, tensors: Sequence[torch.Tensor]) -> None:
@@ -166,16 +167,14 @@ def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch
 
 
 def _backward(graph: int, grad_outputs, inputs, outputs):
-    """Gradients of one ``execute(graph, inputs)`` call: one per input, None for none.
-    ``grad_outputs`` holds None where autograd gave no gradient."""
+    """Gradients of one ``execute(graph, inputs)`` call from its Python backward: one per
+    input, None for none. ``grad_outputs`` holds None where autograd gave no gradient
+    (zeros when the graph's record materializes them); ``inputs`` and ``outputs`` hold
+    None where the node did not save one (the graph's ``backward_reads``)."""
     forward = _registry.differentiable(graph)
-    if forward.declared_operands is not None:  # what the C++ node assembles, assembled by the same code
-        operands = _C.assemble_backward_operands(graph, grad_outputs, inputs, outputs)
-        return _run_backward_graph(forward, operands, len(inputs))
     # A graph is built for exact strides; autograd hands over whatever it has (an
     # expanded scalar has stride 0), so give the backward dense gradients.
-    zeros = torch.zeros_like if forward.materialize_grads else (lambda _: None)
-    grads = [zeros(o) if g is None else g.contiguous() for g, o in zip(grad_outputs, outputs)]
+    grads = [None if g is None else g.contiguous() for g in grad_outputs]
     if forward.backward_fn is not None:
         grad_inputs = list(forward.backward_fn(grads, inputs, outputs))
     else:
@@ -183,6 +182,12 @@ def _backward(graph: int, grad_outputs, inputs, outputs):
     if len(grad_inputs) != len(inputs):
         raise ValueError(f"the backward of graph {forward.name!r} returned {len(grad_inputs)} gradients for {len(inputs)} inputs")
     return grad_inputs
+
+
+def _run_declared_backward(graph: int, operands, num_inputs: int):
+    """A declared backward no native plan serves (yet): its operands, assembled by the
+    autograd node in C++, run on the backward graph through the op."""
+    return _run_backward_graph(_registry.definition(graph), operands, num_inputs)
 
 
 def _run_backward_graph(forward, operands, num_inputs: int):
@@ -206,14 +211,17 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     key = (graph_id, tuple((t.shape, t.stride(), t.dtype) for t in operands))
     positions = _POSITIONS.get(key)
     if positions is None:
-        positions = _registry.layout(graph_id, tuple(TensorSpec.of(t) for t in operands)).output_positions
+        device = operands[0].device
+        positions = _registry.layout(
+            graph_id, tuple(TensorSpec.of(t) for t in operands), device.index if device.type == "cuda" else None
+        ).output_positions
         if len(_POSITIONS) >= 4096:
             _POSITIONS.clear()
         _POSITIONS[key] = positions
     return positions
 
 
-_C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward)
+_C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward, _run_declared_backward)
 _lib = torch.library.Library("cudnn_fe", "IMPL")
 for _key in ("CPU", "CompositeExplicitAutograd"):
     _lib.impl("execute", _refuse_non_cuda, _key)
@@ -221,19 +229,23 @@ for _key in ("CPU", "CompositeExplicitAutograd"):
 torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
 
+_has_torch_function = torch._C._has_torch_function  # a TorchFunctionMode, or an input with __torch_function__
+
+
 def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     """``torch.ops.cudnn_fe.execute(graph, inputs)``, with a cheaper eager entry.
 
     Eagerly it enters the dispatcher from C++ (autograd, then the CUDA kernel) without
-    torch.ops' generic argument parsing; under torch.compile it is the op itself, so
-    tracing sees ``cudnn_fe.execute`` either way."""
-    if torch.compiler.is_compiling():
+    torch.ops' generic argument parsing; under torch.compile, under a
+    ``TorchFunctionMode`` and for tensor subclasses with ``__torch_function__`` it is
+    the op itself, so tracing, modes and subclasses see ``cudnn_fe.execute`` either way."""
+    if _has_torch_function(inputs) or torch.compiler.is_compiling():
         return torch.ops.cudnn_fe.execute.default(graph, inputs)
     return _C.execute(graph, inputs)
 
 
 def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute`."""
-    if torch.compiler.is_compiling():
+    if _has_torch_function((*inputs, *out)) or torch.compiler.is_compiling():
         return torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)
     _C.execute_out(graph, inputs, out=out)

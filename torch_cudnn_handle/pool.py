@@ -22,7 +22,7 @@ import torch  # noqa: F401  -- loads libc10/libtorch, which _C links against
 
 from . import _C
 
-__all__ = ["PooledHandle", "current_handle", "pool_stats", "bind_context", "with_cuda"]
+__all__ = ["PooledHandle", "current_handle", "pool_stats", "bind_context", "release_workspaces", "with_cuda"]
 
 with_cuda: bool = _C.with_cuda
 
@@ -59,6 +59,37 @@ class PooledHandle(cudnn.Handle):
 
     def __repr__(self) -> str:
         return f"PooledHandle(backend_handle=0x{self.backend_handle:x}, cuda:{self._ordinal}, stream=0x{self.stream:x})"
+
+
+# The pool owns every handle it lends, for the life of the process: the frontend's
+# destroy_handle refuses a pooled one (destroying it would leave the pool lending a
+# freed cudnnHandle_t to the next thread) and destroys every other handle as before.
+_frontend_destroy_handle = cudnn.destroy_handle
+
+
+def _destroy_handle(handle):
+    if isinstance(handle, PooledHandle):
+        raise RuntimeError(
+            "cudnn.destroy_handle: this handle belongs to torch_cudnn_handle's pool, which lends it to one thread at a "
+            "time and never destroys it (the next thread to run on the device borrows it). Keep using it, or make a "
+            "handle of your own with cudnn.create_handle() and destroy that one."
+        )
+    return _frontend_destroy_handle(handle)
+
+
+_destroy_handle.__doc__ = _frontend_destroy_handle.__doc__
+cudnn.destroy_handle = _destroy_handle
+
+
+def release_workspaces() -> int:
+    """Free the workspaces the native path keeps per pooled handle and stream (as torch
+    keeps cuBLAS workspaces), e.g. before ``torch.cuda.empty_cache()``. Safe while other
+    threads run: this thread's handles and the pool's idle ones free theirs at once, a
+    handle another live thread holds frees its own on that thread's next call. Returns
+    the bytes freed at once (they go back to torch's caching allocator, which
+    ``torch.cuda.empty_cache()`` then returns to the driver). A later call allocates
+    what it needs again."""
+    return _C.release_native_workspaces() if with_cuda else 0
 
 
 def _cpu_build_error(*_args, **_kwargs):

@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "native/graph_keepalive.h"
 #include "native/native_plan.h"
+#include "native/native_scratch.h"
 
 namespace py = pybind11;
 
@@ -59,7 +60,7 @@ void bind_native(py::module& m) {
       [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
          const py::bytes& plan_json, const py::sequence& by_value, int64_t fe_workspace_size,
          const py::sequence& workspace_tensors, const py::sequence& replacements,
-         std::vector<int64_t> output_positions) {
+         std::vector<int64_t> output_positions, bool deterministic) {
         auto input_layouts = layouts_of(inputs);
         auto output_layouts = layouts_of(outputs);
         auto extras = extras_of(by_value, fe_workspace_size, workspace_tensors, replacements);
@@ -69,7 +70,7 @@ void bind_native(py::module& m) {
           py::gil_scoped_release no_gil;  // deserializing and finalizing a plan takes a while
           plan = std::make_shared<const NativePlan>(device, json, std::move(uids), std::move(input_layouts),
                                                     std::move(output_layouts), std::move(extras),
-                                                    std::move(output_positions));
+                                                    std::move(output_positions), deterministic);
         }
         NativePlanTable::instance().add(graph, plan);
         return py::make_tuple(plan->serial(), plan->workspace_size());
@@ -77,8 +78,10 @@ void bind_native(py::module& m) {
       py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
       py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
       py::arg("replacements") = py::list(), py::arg("output_positions") = std::vector<int64_t>(),
+      py::arg("deterministic") = false,
       "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
-      "these input layouts; returns (serial, workspace bytes).");
+      "these input layouts; returns (serial, workspace bytes). `deterministic`: the plan was chosen among "
+      "deterministic engines only, so calls under torch.use_deterministic_algorithms(True) may run it.");
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },
         py::arg("graph"), py::arg("serial"));
   m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },
@@ -98,6 +101,8 @@ void bind_native(py::module& m) {
       py::arg("owner"),
       "If torch's current stream is capturing a CUDA graph, keep `owner` alive until that graph is "
       "destroyed; returns whether it was capturing.");
+  m.def("release_native_workspaces", &native::release_native_workspaces, py::call_guard<py::gil_scoped_release>(),
+        "Free the native path's kept workspaces (see native_scratch.h); returns the bytes freed at once.");
   m.def("release_dropped", &native::release_dropped,
         "Release what destroyed CUDA graphs kept alive; returns how many. Call with the GIL held.");
   m.def("cudnn_library_path", [] { return backend::cudnn_library().path; });

@@ -51,8 +51,9 @@ bool OperandLayout::matches(const at::Tensor& tensor) const {
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
                        std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
-                       std::vector<int64_t> output_positions)
+                       std::vector<int64_t> output_positions, bool deterministic)
     : device_(device),
+      deterministic_(deterministic),
       operand_uids_(std::move(operand_uids)),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
@@ -134,6 +135,7 @@ void NativePlan::execute(PooledCudnnHandle* handle, cudaStream_t stream, at::Ten
   const bool capturing = is_capturing(stream);
   if (capturing) keep_alive_while_captured(stream, shared_from_this());
   NativeScratch& scratch = NativeScratch::of(handle);
+  std::lock_guard<std::mutex> scratch_lock(scratch.mutex());  // until launched: see native_scratch.h
   c10::DataPtr per_call_workspace;  // freed (stream-ordered) when the call returns
   char* workspace = nullptr;
   if (workspace_size() > 0) {
@@ -182,11 +184,12 @@ bool NativePlanTable::remove(int64_t graph, uint64_t serial) {
 }
 
 std::shared_ptr<const NativePlan> NativePlanTable::find(int64_t graph, at::TensorList inputs) const {
+  const bool deterministic_only = at::globalContext().deterministicAlgorithms();
   std::shared_lock<std::shared_mutex> lock(mutex_);
   auto it = plans_.find(graph);
   if (it == plans_.end()) return nullptr;
   for (const auto& plan : it->second) {
-    if (plan->matches(inputs)) return plan;
+    if ((plan->deterministic() || !deterministic_only) && plan->matches(inputs)) return plan;
   }
   return nullptr;
 }

@@ -64,14 +64,16 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   // Deserializes `plan_json` for `device` (the calling thread's pooled handle there).
   // `output_positions`: which of the builder's returned values each output is (a
   // backward builder returns None for an input without a gradient); empty: in order.
+  // `deterministic`: chosen among engines cuDNN does not mark non-deterministic.
   NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
              std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
-             std::vector<int64_t> output_positions = {});
+             std::vector<int64_t> output_positions = {}, bool deterministic = false);
   ~NativePlan();
   NativePlan(const NativePlan&) = delete;
   NativePlan& operator=(const NativePlan&) = delete;
 
   int device() const { return device_; }
+  bool deterministic() const { return deterministic_; }
   uint64_t serial() const { return serial_; }
   int64_t workspace_size() const { return extras_.fe_workspace_size + engine_workspace_size_; }
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
@@ -92,6 +94,7 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   void mark_used() const;
 
   int device_;
+  bool deterministic_;
   std::vector<int64_t> operand_uids_;  // inputs then outputs
   std::vector<OperandLayout> inputs_;
   std::vector<OperandLayout> outputs_;
@@ -113,7 +116,8 @@ class NativePlanTable {
 
   void add(int64_t graph, std::shared_ptr<const NativePlan> plan);
   bool remove(int64_t graph, uint64_t serial);
-  // The plan of `graph` built for exactly these inputs (device, layouts, alignment), or null.
+  // The plan of `graph` built for exactly these inputs (device, layouts, alignment), or
+  // null; under torch.use_deterministic_algorithms(True), a deterministic plan only.
   std::shared_ptr<const NativePlan> find(int64_t graph, at::TensorList inputs) const;
   size_t size() const;
   // serial -> when each plan in the table last ran (steady_clock ns; 0 = never).

@@ -37,10 +37,12 @@ bool in_private_pool(const void* pointer) {
 }  // namespace
 
 NativeScratch& NativeScratch::of(PooledCudnnHandle* handle) {
-  if (handle->consumer_state == nullptr) {
-    handle->consumer_state = new NativeScratch();  // lives as long as the handle: forever
+  void* state = handle->consumer_state.load(std::memory_order_acquire);
+  if (state == nullptr) {  // only the holding thread creates it
+    state = new NativeScratch();  // lives as long as the handle: forever
+    handle->consumer_state.store(state, std::memory_order_release);
   }
-  return *static_cast<NativeScratch*>(handle->consumer_state);
+  return *static_cast<NativeScratch*>(state);
 }
 
 // The rules: during a capture, a block from the caching allocator (the graph's pool)
@@ -101,6 +103,24 @@ cudnnBackendDescriptor_t NativeScratch::variant_pack(uint64_t plan_serial, const
   variant_pack_pointers_.assign(pointers.begin(), pointers.end());
   variant_pack_pointers_.push_back(workspace);
   return variant_pack_;
+}
+
+int64_t NativeScratch::release_workspaces() {
+  int64_t bytes = 0;
+  for (const auto& w : workspaces_) bytes += w.bytes;
+  workspaces_.clear();  // each DataPtr returns its block to the caching allocator
+  return bytes;
+}
+
+int64_t release_native_workspaces() {
+  int64_t bytes = 0;
+  for_each_pooled_handle([&](PooledCudnnHandle* handle) {
+    auto* scratch = static_cast<NativeScratch*>(handle->consumer_state.load(std::memory_order_acquire));
+    if (scratch == nullptr) return;
+    std::lock_guard<std::mutex> lock(scratch->mutex());
+    bytes += scratch->release_workspaces();
+  });
+  return bytes;
 }
 
 }  // namespace torch_cudnn_handle::native

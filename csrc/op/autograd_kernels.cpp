@@ -1,15 +1,19 @@
 // The autograd-side kernels of cudnn_fe.execute and execute.out, in C++ so that a call
 // with no gradient to track costs a branch, not a trip through Python.
 //
-// execute (Autograd): with a gradient to track, it records a node whose backward runs
-// the graph's registered backward on whichever thread autograd runs it; the pool gives
-// that thread its own handle and binds the context it lacks. A declared backward whose
-// graph a native plan serves runs here in C++ (op/declared_backward.h); every other
-// backward runs in Python (builders and backward functions are user code).
+// execute (Autograd): with a gradient to track, it records a node that acts on the
+// graph's record (op/graph_record.h): it saves what the backward reads and nothing more,
+// marks the outputs the backward takes no gradient of non-differentiable, and its
+// backward runs on whichever thread autograd picks (the pool gives that thread its own
+// handle and binds the context it lacks). A declared backward's operands are assembled
+// here; when a native plan serves them it runs here too, else the Python registry runs
+// that backward graph. Every other backward runs in Python (backward functions are
+// user code).
 // execute.out: torch's rules for out= ops. Autograd refuses a call that would need a
 // gradient through `out`; ADInplaceOrView bumps each `out`'s version counter, so a
 // tensor saved for backward and then overwritten raises torch's in-place error.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -19,8 +23,8 @@
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
 #include "op/cuda_kernels.h"
 #endif
-#include "op/declared_backward.h"
 #include "op/execute_op.h"
+#include "op/graph_record.h"
 #include "op/python_kernels.h"
 
 namespace torch_cudnn_handle {
@@ -34,33 +38,87 @@ std::vector<at::Tensor> execute_below_autograd(int64_t graph, at::TensorList inp
   return execute_op().call(graph, inputs);
 }
 
+// Note [What a node saves]
+// A node keeps what its graph's backward reads (GraphRecord::reads) and nothing more,
+// as torch's own derivative formulas do: an input only when an input whose gradient
+// needs it requires grad; an output the backward does not read is not saved, so
+// autograd holds no extra memory for it and an in-place op on it is allowed. What a
+// missing gradient is zero-filled like is kept as sizes, strides and options
+// (OutputMeta), never as the output itself.
+struct NodeCall : torch::CustomClassHolder {
+  int64_t graph = 0;
+  const GraphRecord* record = nullptr;  // nullptr: the graph has no backward (the backward says so)
+  std::vector<int64_t> input_slots;  // index into the saved variables, -1: not saved
+  std::vector<int64_t> output_slots;
+  std::vector<OutputMeta> output_metas;
+
+  variable_list unpack(const variable_list& saved, const std::vector<int64_t>& slots) const {
+    variable_list out(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] >= 0) out[i] = saved[slots[i]];
+    }
+    return out;
+  }
+};
+
 class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, int64_t graph, at::TensorList inputs) {
     variable_list outputs = execute_below_autograd(graph, inputs);
-    ctx->set_materialize_grads(false);  // a gradient nobody gave stays undefined: the backward zero-fills only what it reads
-    ctx->saved_data["graph"] = graph;
-    ctx->saved_data["num_inputs"] = static_cast<int64_t>(inputs.size());
-    variable_list saved(inputs.begin(), inputs.end());
-    saved.insert(saved.end(), outputs.begin(), outputs.end());
+    ctx->set_materialize_grads(false);  // a gradient nobody gave stays undefined: the backward fills only what it reads
+    auto call = c10::make_intrusive<NodeCall>();
+    call->graph = graph;
+    call->record = graph_record(graph);
+    std::vector<bool> needs_grad(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) needs_grad[i] = ctx->needs_input_grad(i);
+    variable_list saved, non_differentiable;
+    call->input_slots.assign(inputs.size(), -1);
+    call->output_slots.assign(outputs.size(), -1);
+    call->output_metas.reserve(outputs.size());
+    const GraphRecord* record = call->record;
+    for (size_t i = 0; record && i < inputs.size(); ++i) {
+      if (!record->reads_input(static_cast<int64_t>(i), needs_grad)) continue;
+      call->input_slots[i] = static_cast<int64_t>(saved.size());
+      saved.push_back(inputs[i]);
+    }
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      const auto& output = outputs[j];
+      call->output_metas.push_back({output.sizes().vec(), output.strides().vec(), output.options()});
+      if (record && !record->is_differentiable(static_cast<int64_t>(j))) non_differentiable.push_back(output);
+      if (!record || !record->reads_output(static_cast<int64_t>(j), needs_grad)) continue;
+      call->output_slots[j] = static_cast<int64_t>(saved.size());
+      saved.push_back(output);
+    }
     ctx->save_for_backward(saved);
+    if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
     return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto call = c10::static_intrusive_pointer_cast<NodeCall>(ctx->saved_data["call"].toCapsule());
     const auto saved = ctx->get_saved_variables();
-    const auto num_inputs = ctx->saved_data["num_inputs"].toInt();
-    const at::TensorList all(saved);
-    const auto graph = ctx->saved_data["graph"].toInt();
-    const auto inputs = all.slice(0, num_inputs);
-    const auto outputs = all.slice(num_inputs);
-    std::optional<std::vector<at::Tensor>> native;
+    const auto inputs = call->unpack(saved, call->input_slots);
+    const auto outputs = call->unpack(saved, call->output_slots);
+    const GraphRecord* record = call->record;
+    std::vector<at::Tensor> grads;
+    if (record && record->declared()) {
+      const auto operands = assemble_backward_operands(*record, grad_outputs, inputs, outputs, call->output_metas);
+      std::optional<std::vector<at::Tensor>> native;
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
-    if (const auto* declared = declared_backward(graph)) native = run_native_backward(*declared, grad_outputs, inputs, outputs);
+      native = run_native_backward(*record, operands, static_cast<int64_t>(inputs.size()));
 #endif
-    auto grads = native ? std::move(*native) : python_kernels::backward(graph, grad_outputs, inputs, outputs);
-    TORCH_CHECK(static_cast<int64_t>(grads.size()) == num_inputs, "torch_cudnn_handle: the backward returned ",
-                grads.size(), " gradients for ", num_inputs, " inputs");
+      grads = native ? std::move(*native) : python_kernels::run_backward_graph(call->graph, operands, inputs.size());
+    } else {
+      if (record && record->materialize_grads) {
+        for (size_t j = 0; j < grad_outputs.size(); ++j) {
+          if (!grad_outputs[j].defined()) grad_outputs[j] = call->output_metas[j].zeros();
+        }
+      }
+      grads = python_kernels::backward(call->graph, grad_outputs, inputs, outputs);
+    }
+    TORCH_CHECK(grads.size() == inputs.size(), "torch_cudnn_handle: the backward returned ", grads.size(),
+                " gradients for ", inputs.size(), " inputs");
     variable_list result{at::Tensor()};  // the graph id has no gradient
     result.insert(result.end(), grads.begin(), grads.end());
     return result;

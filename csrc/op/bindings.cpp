@@ -8,7 +8,7 @@
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
 #include "op/cuda_kernels.h"
 #endif
-#include "op/declared_backward.h"
+#include "op/graph_record.h"
 #include "op/execute_op.h"
 #include "op/python_kernels.h"
 
@@ -17,32 +17,47 @@ namespace py = pybind11;
 namespace torch_cudnn_handle {
 
 void bind_op(py::module& m) {
-  m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"));
+  using ReadTuple = std::tuple<int, int64_t, std::vector<int64_t>>;  // source, index, for_grads
+  m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"),
+        py::arg("run_backward_graph"));
   m.def(
-      "declare_backward",
-      [](int64_t forward_graph, int64_t backward_graph, const std::vector<std::tuple<int, int64_t, int64_t>>& operands) {
-        DeclaredBackward declared{backward_graph, {}};
-        for (const auto& [source, index, strides_of_output] : operands) {
+      "declare_graph",
+      [](int64_t graph, bool has_backward, int64_t backward_graph,
+         const std::vector<std::tuple<int, int64_t, int64_t>>& operands,
+         const std::optional<std::vector<ReadTuple>>& reads,
+         const std::optional<std::vector<int64_t>>& differentiable_outputs, bool materialize_grads) {
+        using Source = GraphRecord::Source;
+        auto source_of = [](int source) {
           TORCH_CHECK(source >= 0 && source <= 2, "torch_cudnn_handle: unknown backward operand source ", source);
-          declared.operands.push_back({static_cast<DeclaredBackward::Source>(source), index, strides_of_output});
+          return static_cast<Source>(source);
+        };
+        GraphRecord record;
+        record.has_backward = has_backward;
+        record.backward_graph = backward_graph;
+        for (const auto& [source, index, strides_of_output] : operands) {
+          record.operands.push_back({source_of(source), index, strides_of_output});
         }
-        declare_backward(forward_graph, std::move(declared));
+        record.reads_everything = !reads.has_value();
+        for (const auto& [source, index, for_grads] : reads.value_or(std::vector<ReadTuple>{})) {
+          TORCH_CHECK(source_of(source) != Source::kGrad, "torch_cudnn_handle: a backward reads inputs and outputs");
+          record.reads.push_back(GraphRecord::Read{source_of(source), index, for_grads});
+        }
+        record.all_outputs_differentiable = !differentiable_outputs.has_value();
+        record.differentiable_outputs = differentiable_outputs.value_or(std::vector<int64_t>{});
+        record.materialize_grads = materialize_grads;
+        declare_graph(graph, std::move(record));
       },
-      py::arg("forward_graph"), py::arg("backward_graph"), py::arg("operands"),
-      "Declare forward_graph's backward: backward_graph's operands as (source: 0 grad, 1 input, 2 output; index; "
-      "strides_of_output or -1).");
+      py::arg("graph"), py::arg("has_backward"), py::arg("backward_graph"), py::arg("operands"), py::arg("reads"),
+      py::arg("differentiable_outputs"), py::arg("materialize_grads"),
+      "Declare graph's record (op/graph_record.h): its backward (a declared backward graph and its operands as "
+      "(source: 0 grad, 1 input, 2 output; index; strides_of_output or -1), or -1 and none for a Python backward), "
+      "what the backward reads ((source, index, for_grads), or None for everything), which outputs are "
+      "differentiable (None: all), and whether a Python backward gets zeros for a missing gradient.");
   m.def(
-      "assemble_backward_operands",
-      [](int64_t forward_graph, const std::vector<std::optional<at::Tensor>>& grads, std::vector<at::Tensor> inputs,
-         std::vector<at::Tensor> outputs) {
-        const auto* declared = declared_backward(forward_graph);
-        TORCH_CHECK(declared != nullptr, "torch_cudnn_handle: graph ", forward_graph, " has no declared backward");
-        std::vector<at::Tensor> given;
-        for (const auto& grad : grads) given.push_back(grad.value_or(at::Tensor()));
-        return assemble_backward_operands(*declared, given, inputs, outputs);
-      },
-      py::arg("forward_graph"), py::arg("grad_outputs"), py::arg("inputs"), py::arg("outputs"),
-      "The declared backward graph's operands for one call (what the autograd node assembles in C++).");
+      "alert_not_deterministic", [](const std::string& caller) { at::globalContext().alertNotDeterministic(caller); },
+      py::arg("caller"),
+      "torch's rule for an op without a deterministic implementation under torch.use_deterministic_algorithms(True): "
+      "raises, or warns with warn_only=True.");
   // The eager entry points: straight into the dispatcher (autograd, the CUDA kernel)
   // without torch.ops' generic argument parsing. Same op, same semantics.
   m.def(

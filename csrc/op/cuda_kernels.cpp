@@ -82,9 +82,9 @@ bool is_plain_cuda(const at::Tensor& tensor) {
   return tensor.is_cuda() && !tensor.key_set().has_any(wrapped);
 }
 
-bool all_plain_cuda(at::TensorList tensors, bool allow_undefined) {
+bool all_plain_cuda(at::TensorList tensors) {
   for (const auto& t : tensors) {
-    if (t.defined() ? !is_plain_cuda(t) : !allow_undefined) return false;
+    if (!t.defined() || !is_plain_cuda(t)) return false;
   }
   return true;
 }
@@ -97,24 +97,21 @@ std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList 
   return run_plan(*plan, inputs);
 }
 
-std::optional<std::vector<at::Tensor>> run_native_backward(const DeclaredBackward& declared, at::TensorList grads,
-                                                           at::TensorList inputs, at::TensorList outputs) {
+std::optional<std::vector<at::Tensor>> run_native_backward(const GraphRecord& record, at::TensorList operands,
+                                                           int64_t num_inputs) {
   // Through the dispatcher instead: with create_graph (the backward records its own
   // graph), under a TorchDispatchMode, or for wrapped tensors (torch.compile's fakes).
   if (at::GradMode::is_enabled() || c10::impl::dispatch_mode_enabled()) return std::nullopt;
-  if (!all_plain_cuda(grads, true) || !all_plain_cuda(inputs, false) || !all_plain_cuda(outputs, false)) {
-    return std::nullopt;
-  }
+  if (!all_plain_cuda(operands)) return std::nullopt;
   check_not_forked();
-  const auto operands = assemble_backward_operands(declared, grads, inputs, outputs);
-  auto plan = native::NativePlanTable::instance().find(declared.backward_graph, operands);
+  auto plan = native::NativePlanTable::instance().find(record.backward_graph, operands);
   if (!plan) return std::nullopt;  // its first call, or a plan only the Python path runs
   auto results = run_plan(*plan, operands);
-  std::vector<at::Tensor> grad_inputs(inputs.size());
+  std::vector<at::Tensor> grad_inputs(num_inputs);
   const auto& positions = plan->output_positions();
   for (size_t i = 0; i < results.size(); ++i) {
-    TORCH_CHECK(positions[i] < static_cast<int64_t>(inputs.size()), "torch_cudnn_handle: the backward graph returned "
-                "a gradient for input ", positions[i], " of a forward with ", inputs.size(), " inputs");
+    TORCH_CHECK(positions[i] < num_inputs, "torch_cudnn_handle: the backward graph returned a gradient for input ",
+                positions[i], " of a forward with ", num_inputs, " inputs");
     grad_inputs[positions[i]] = std::move(results[i]);
   }
   return grad_inputs;

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "op/declared_backward.h"
+#include "op/graph_record.h"
 
 namespace torch_cudnn_handle {
 
@@ -20,10 +20,11 @@ std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList 
 bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out);
 
 // The gradients of one forward call, one per input (undefined where none), from its
-// declared backward graph run on a native plan; nullopt when that is not possible here
-// (no native plan for these operands yet, create_graph, a dispatch mode, wrapped
-// tensors), and the Python registry runs the backward instead.
-std::optional<std::vector<at::Tensor>> run_native_backward(const DeclaredBackward& declared, at::TensorList grads,
-                                                           at::TensorList inputs, at::TensorList outputs);
+// declared backward graph run on a native plan with `operands` (assembled by the
+// node); nullopt when that is not possible here (no native plan for these operands
+// yet, create_graph, a dispatch mode, wrapped tensors), and the Python registry runs
+// the backward graph instead.
+std::optional<std::vector<at::Tensor>> run_native_backward(const GraphRecord& record, at::TensorList operands,
+                                                           int64_t num_inputs);
 
 }  // namespace torch_cudnn_handle

@@ -12,7 +12,7 @@ namespace py = pybind11;
 // Set at import, held for the life of the process and never released: they may be
 // called from autograd's threads until the very end.
 struct Callbacks {
-  py::object execute, execute_out, backward;
+  py::object execute, execute_out, backward, run_backward_graph;
 };
 Callbacks* callbacks = nullptr;
 
@@ -27,11 +27,19 @@ py::list to_list(at::TensorList tensors) {
   return out;
 }
 
+std::vector<at::Tensor> gradients(const py::object& grads) {
+  std::vector<at::Tensor> out;
+  for (const auto& grad : grads) {
+    out.push_back(grad.is_none() ? at::Tensor() : grad.cast<at::Tensor>());
+  }
+  return out;
+}
+
 }  // namespace
 
-void set(py::object execute, py::object execute_out, py::object backward) {
+void set(py::object execute, py::object execute_out, py::object backward, py::object run_backward_graph) {
   delete callbacks;
-  callbacks = new Callbacks{std::move(execute), std::move(execute_out), std::move(backward)};
+  callbacks = new Callbacks{std::move(execute), std::move(execute_out), std::move(backward), std::move(run_backward_graph)};
 }
 
 std::vector<at::Tensor> execute(int64_t graph, at::TensorList inputs) {
@@ -47,12 +55,12 @@ void execute_out(int64_t graph, at::TensorList inputs, at::TensorList out) {
 std::vector<at::Tensor> backward(int64_t graph, at::TensorList grad_outputs, at::TensorList inputs,
                                  at::TensorList outputs) {
   py::gil_scoped_acquire gil;
-  py::object grads = get().backward(graph, to_list(grad_outputs), to_list(inputs), to_list(outputs));
-  std::vector<at::Tensor> out;
-  for (const auto& grad : grads) {
-    out.push_back(grad.is_none() ? at::Tensor() : grad.cast<at::Tensor>());
-  }
-  return out;
+  return gradients(get().backward(graph, to_list(grad_outputs), to_list(inputs), to_list(outputs)));
+}
+
+std::vector<at::Tensor> run_backward_graph(int64_t graph, at::TensorList operands, size_t num_inputs) {
+  py::gil_scoped_acquire gil;
+  return gradients(get().run_backward_graph(graph, to_list(operands), num_inputs));
 }
 
 }  // namespace torch_cudnn_handle::python_kernels

@@ -89,6 +89,11 @@ void record_stream(PooledCudnnHandle* handle, cudaStream_t stream) {
   handle->stream = stream;
 }
 
+void for_each_pooled_handle(const std::function<void(PooledCudnnHandle*)>& fn) {
+  check_not_forked();
+  pool()->for_each_created(fn);
+}
+
 std::map<int, DeviceHandleCounts> pool_counts() { return pool()->counts(); }
 
 uint64_t total_set_stream_calls() { return all_set_stream_calls.load(std::memory_order_relaxed); }

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 
 #include <cuda.h>
@@ -33,9 +34,10 @@ struct PooledCudnnHandle {
   // (forever). Only touched with the GIL held.
   void* python_handle = nullptr;
   // State a consumer keeps per handle (the native path's workspaces and variant pack),
-  // made and owned by that consumer; it lives as long as the handle and travels with
-  // it to the next thread that borrows it. Only the holding thread touches it.
-  void* consumer_state = nullptr;
+  // made by the holding thread on first use and owned by that consumer; it lives as
+  // long as the handle and travels with it to the next thread that borrows it. Atomic:
+  // another thread may look for it (the consumer guards the state itself).
+  std::atomic<void*> consumer_state{nullptr};
 };
 
 // This thread's handle for `device`, borrowed on first use, with cuDNN's stream set
@@ -55,6 +57,10 @@ PooledCudnnHandle* find_thread_handle(int device);
 // Records that someone else (the frontend's cudnn.set_stream) has already set the
 // backend handle's stream to `stream`.
 void record_stream(PooledCudnnHandle* handle, cudaStream_t stream);
+
+// `fn(handle)` for every handle the pool ever created, held by a thread or not (under
+// the pool's lock). `fn` must not call back into the pool.
+void for_each_pooled_handle(const std::function<void(PooledCudnnHandle*)>& fn);
 
 std::map<int, DeviceHandleCounts> pool_counts();
 uint64_t total_set_stream_calls();

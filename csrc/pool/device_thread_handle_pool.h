@@ -101,6 +101,16 @@ class DeviceThreadHandlePool
     return std::make_unique<PoolWindow>(this->weak_from_this());
   }
 
+  // `fn(handle)` for every handle created, held by a thread or not, under the pool's
+  // lock. `fn` must not call back into the pool, and guards whatever it touches.
+  template <typename Fn>
+  void for_each_created(Fn fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [device, handles] : created_) {
+      for (const auto& handle : handles) fn(handle);
+    }
+  }
+
   std::map<int, DeviceHandleCounts> counts() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::map<int, DeviceHandleCounts> out;

@@ -80,7 +80,8 @@ def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
         stats=stats,
         attn_scale=_scale(q),
         use_padding_mask=False,
-        use_deterministic_algorithm=False,
+        # The registry builds a separate graph under torch.use_deterministic_algorithms(True).
+        use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(),
         **_mask(causal),
     )
     return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))]

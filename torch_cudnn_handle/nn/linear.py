@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import register_graph
+from ..registry import BackwardOperand, register_graph
 from ._layout import declare, row_major
 
 __all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "MATMUL", "RELU_BACKWARD", "GELU_BACKWARD"]
@@ -85,22 +85,35 @@ GELU_BACKWARD = register_graph(gelu_backward, name="nn_gelu_backward")
 
 def _make_backward(activation: Optional[str]):
     def linear_backward(grads, inputs, outputs):
-        x, w = inputs[0], inputs[1]  # x [1, R, K], w [1, K, N] (a view of weight [N, K])
-        dy = grads[0] if grads[0] is not None else torch.zeros_like(outputs[0])  # None: only z was used
-        if activation == "relu":
-            (dz,) = execute(RELU_BACKWARD, [dy, outputs[0]])
-        elif activation == "gelu":
-            (dz,) = execute(GELU_BACKWARD, [dy, outputs[1]])
+        # x [1, R, K], w [1, K, N] (a view of weight [N, K]); each saved only when the
+        # other's gradient is needed (_backward_reads), else None.
+        x, w = inputs[0], inputs[1]
+        dy, dz_given = grads[0], grads[1] if len(grads) > 1 else None  # dz_given: the gelu graph's z used directly
+        if dy is None:
+            dz = dz_given
         else:
-            dz = dy
-        if len(grads) > 1 and grads[1] is not None:  # the gelu graph's pre-activation z, used directly
-            dz = dz + grads[1]
-        (dx,) = execute(MATMUL, [dz, w.mT])  # [1, R, N] @ [1, N, K]
-        (dw,) = execute(MATMUL, [dz.mT, x])  # [1, N, R] @ [1, R, K]: weight's own layout
-        return [dx, dw.mT, dz.sum(dim=1, keepdim=True)]
+            if activation == "relu":
+                (dy,) = execute(RELU_BACKWARD, [dy, outputs[0]])
+            elif activation == "gelu":
+                (dy,) = execute(GELU_BACKWARD, [dy, outputs[1]])
+            dz = dy if dz_given is None else dy + dz_given
+        dx = execute(MATMUL, [dz, w.mT])[0] if w is not None else None  # [1, R, N] @ [1, N, K]
+        dw = execute(MATMUL, [dz.mT, x])[0].mT if x is not None else None  # [1, N, R] @ [1, R, K]: weight's own layout
+        return [dx, dw, dz.sum(dim=1, keepdim=True)]
 
     linear_backward.__name__ = f"linear_{activation or 'identity'}_backward"
     return linear_backward
+
+
+def _backward_reads(activation: Optional[str]):
+    """What the backward reads, as torch's linear and activations save: ``x`` for ``dW``,
+    ``W`` for ``dX``, and the activation's own (relu: its output; gelu: its input ``z``)."""
+    reads = [BackwardOperand.input(0, for_grads=[1]), BackwardOperand.input(1, for_grads=[0])]
+    if activation == "relu":
+        reads.append(BackwardOperand.output(0))
+    elif activation == "gelu":
+        reads.append(BackwardOperand.output(1))
+    return reads
 
 
 LINEAR_GRAPHS = {
@@ -108,6 +121,7 @@ LINEAR_GRAPHS = {
         linear_forward,
         name=f"nn_linear_{activation or 'identity'}",
         backward_fn=_make_backward(activation),
+        backward_reads=_backward_reads(activation),
         materialize_grads=False,  # the gelu graph's pre-activation output gets no gradient from the module: no zero fill
         activation=activation,
     )

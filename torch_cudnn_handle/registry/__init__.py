@@ -64,6 +64,8 @@ def register_graph(
     backward: Optional[Callable[..., Any]] = None,
     backward_operands: Optional[Union[Callable[..., Sequence[torch.Tensor]], Sequence[BackwardOperand]]] = None,
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None,
+    backward_reads: Optional[Sequence[BackwardOperand]] = None,
+    differentiable_outputs: Optional[Sequence[int]] = None,
     materialize_grads: bool = True,
     tune: Optional[bool] = None,
     **params,
@@ -98,10 +100,29 @@ def register_graph(
     output autograd gave no gradient for, unless ``materialize_grads=False`` (then None,
     as with ``ctx.set_materialize_grads(False)`` in a torch.autograd.Function); a
     declared backward zero-fills only the gradients it names.
+
+    What autograd keeps, as torch's own ops do (Note [What a node saves] in
+    csrc/op/autograd_kernels.cpp): a declared backward's node saves only the inputs and
+    outputs its operands name. A function backward reads every input and output unless
+    ``backward_reads`` names the ones it does (``BackwardOperand.input(i)`` /
+    ``.output(i)``, optionally ``for_grads=[j, ...]``: read only to compute those
+    inputs' gradients); it then gets None for the others.
+
+    Which outputs are differentiable: with declared ``backward_operands``, the outputs
+    whose gradient is among them (the others are marked non-differentiable, as torch
+    marks a logsumexp output); else ``differentiable_outputs`` (default: all).
+
+    Under ``torch.use_deterministic_algorithms(True)`` a graph is built among the
+    engines cuDNN does not mark non-deterministic (a separate build, cached beside the
+    other); with none, the call raises (or warns, with ``warn_only=True``) as torch does
+    for an op without a deterministic implementation. A builder that has a
+    deterministic variant of its own (the sdpa backward's) reads
+    ``torch.are_deterministic_algorithms_enabled()``.
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
-        materialize_grads=materialize_grads, tune=tune, **params,
+        backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
+        tune=tune, **params,
     )
 
 

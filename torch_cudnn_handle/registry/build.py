@@ -4,7 +4,8 @@
 inside ``build_scope(device)``, with that thread's pooled handle for the device:
 
   * the description is built with plan_tuning.build_graph (untuned: exactly
-    ``graph.build([A, FALLBACK])``);
+    ``graph.build([A, FALLBACK])``); under torch.use_deterministic_algorithms(True),
+    among the engines cuDNN does not mark NONDETERMINISTIC only;
   * the build must write every output in the layout its description reported (the op
     allocates outputs, and the fake kernel reports them, from the description);
   * a backend-served plan is handed to the native path (``native.backend_plan_of``,
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Optional, Sequence, Tuple
+
+import cudnn
 
 from .. import _C, plan_tuning
 from ..build_scope import build_scope
@@ -44,24 +47,23 @@ class BuiltGraph:
     native_serial: int = 0  # the native plan's id in the extension (0: none)
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
+    deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
 
 
-def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool) -> BuiltGraph:
+def _build(
+    definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False
+) -> BuiltGraph:
     with build_scope(device) as handle:
-        graph, inputs, outputs, layout = _describe(definition, specs, handle)
-        uids = tuple(t.uid for t in inputs + outputs)
-        input_layouts, output_layouts = _layouts(specs), _layouts(layout.outputs)
-        choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
-            graph,
-            tune=definition.tune,
-            device=device,
-            handle=handle,
-            input_specs=input_layouts,
-            output_specs=output_layouts,
-            uids=uids,
-            name=definition.name,
-            fresh_graph=lambda: _describe(definition, specs, handle)[0],
-        )
+        try:
+            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, deterministic)
+        except Exception:
+            if not deterministic:
+                raise
+            # Was it the filter? Built without it, the graph has only non-deterministic
+            # plans: torch's rule for such an op (an error, or a warning with warn_only).
+            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, False)
+            _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
+            deterministic = False
         _check_built_layout(definition, outputs, layout)
         workspace = int(graph.get_workspace_size())
         engine = _engine_of(graph)
@@ -71,15 +73,44 @@ def _build(definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], 
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device
                     serial, _ = _C.native_register(
-                        definition.graph_id, device, input_layouts, output_layouts, list(uids), spec.plan_json.encode("utf-8"),
-                        by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
+                        definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids),
+                        spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
-                        output_positions=list(layout.output_positions),
+                        output_positions=list(layout.output_positions), deterministic=deterministic,
                     )
                     native, reason = True, "backend plan, run from C++"
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
-    return BuiltGraph(graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice)
+    return BuiltGraph(
+        graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
+        deterministic=deterministic,
+    )
+
+
+def _describe_and_build(definition: _Definition, device: int, specs, handle, deterministic: bool):
+    """A fresh description for ``specs``, built (``deterministic``: among the engines
+    cuDNN does not mark non-deterministic only)."""
+
+    def describe():
+        described = _describe(definition, specs, handle)
+        if deterministic:
+            described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+        return described
+
+    graph, inputs, outputs, layout = describe()
+    uids = tuple(t.uid for t in inputs + outputs)
+    choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
+        graph,
+        tune=definition.tune,
+        device=device,
+        handle=handle,
+        input_specs=_layouts(specs),
+        output_specs=_layouts(layout.outputs),
+        uids=uids,
+        name=definition.name,
+        fresh_graph=lambda: describe()[0],
+    )
+    return graph, outputs, layout, uids, choice
 
 
 def _engine_of(graph) -> str:

@@ -1,6 +1,7 @@
 """``GraphRegistry``: definitions by id, the bounded LRU of built graphs, and layouts.
 
-  * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes), a
+  * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes,
+    whether torch.use_deterministic_algorithms is on), a
     layout per (id, input TensorSpecs). A registered built graph is never in the LRU:
     its definition holds it.
   * Each key is built once. The first caller builds, outside the lock; concurrent first
@@ -40,8 +41,10 @@ from .description import (
     _Definition,
     _describe,
     _positional_arity,
+    describing_handle,
 )
-from .specs import BackwardOperand, GraphLayout, TensorSpec, _spec_of_cudnn_tensor
+from . import autograd_record
+from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
 class _InFlightBuild:
@@ -77,10 +80,13 @@ class GraphRegistry:
             self._definitions[graph_id] = _Definition(graph_id=graph_id, **definition_args)
             return graph_id
 
-    def register(self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, materialize_grads=True, tune=None, **params) -> int:
+    def register(
+        self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
+        differentiable_outputs=None, materialize_grads=True, tune=None, **params,
+    ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
-        declared = _declared_operands(backward_operands)
+        declared = autograd_record.declared_operands(backward_operands)
         for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", None if declared else backward_operands), ("backward_fn", backward_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
@@ -91,7 +97,7 @@ class GraphRegistry:
         name = name or getattr(builder, "__name__", "graph")
         num_inputs = _positional_arity(builder)
         if declared is not None:
-            _check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
+            autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
         if backward is not None:
             backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune))
@@ -103,14 +109,15 @@ class GraphRegistry:
                 num_inputs=num_inputs,
                 backward_id=backward_id,
                 backward_operands=None if declared else (backward_operands or _default_backward_operands),
-                declared_operands=declared,
                 backward_fn=backward_fn,
-                materialize_grads=bool(materialize_grads),
                 tune=tune,
             )
         )
-        if declared is not None:  # before the id is returned, so before any call can record a node
-            _C.declare_backward(graph_id, backward_id, [(o.source, o.index, o.strides_of_output) for o in declared])
+        autograd_record.declare(
+            graph_id, name, num_inputs=num_inputs, backward_id=backward_id, declared=declared,
+            has_backward=backward is not None or backward_fn is not None, backward_reads=backward_reads,
+            differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
+        )
         return graph_id
 
     def register_built(self, graph, inputs, outputs, *, device, name=None) -> int:
@@ -150,7 +157,9 @@ class GraphRegistry:
 
     # -- layouts and builds ------------------------------------------------------
 
-    def layout(self, graph_id: int, specs: Tuple[TensorSpec, ...]) -> GraphLayout:
+    def layout(self, graph_id: int, specs: Tuple[TensorSpec, ...], device: Optional[int] = None) -> GraphLayout:
+        """The output layout of ``graph_id`` for inputs ``specs``, from its description
+        (lowered with ``device``'s pooled handle where there is a GPU)."""
         definition = self.definition(graph_id)
         if definition.built is not None:
             _check_built_graph_specs(definition, specs)
@@ -162,17 +171,20 @@ class GraphRegistry:
             if layout is not None:
                 self._layouts.move_to_end(key)
                 return layout
-        layout = _describe(definition, specs)[3]
+        layout = _describe(definition, specs, describing_handle(device))[3]
         with self._lock:
             self._layouts[key] = layout
             while len(self._layouts) > self.layout_capacity:
                 self._layouts.popitem(last=False)
         return layout
 
-    def built_graph(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple) -> BuiltGraph:
+    def built_graph(
+        self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False
+    ) -> BuiltGraph:
         """The graph ``graph_id`` built for ``device`` and these inputs; built on first
-        use. ``key_specs`` is ``tuple((t.shape, t.stride(), t.dtype) for t in inputs)``."""
-        key = (graph_id, device, key_specs)
+        use. ``key_specs`` is ``tuple((t.shape, t.stride(), t.dtype) for t in inputs)``;
+        ``deterministic``: built among deterministic engines only (build.py)."""
+        key = (graph_id, device, key_specs, deterministic)
         with self._lock:
             built = self._built.get(key)
             if built is not None:
@@ -210,7 +222,7 @@ class GraphRegistry:
                 )
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
-            built = _build(definition, device, specs, self.native_enabled)
+            built = _build(definition, device, specs, self.native_enabled, deterministic=key[3])
         except BaseException as error:
             flight.error = error
             with self._lock:
@@ -256,7 +268,7 @@ class GraphRegistry:
     def built_of(self, graph_id: int) -> list:
         """The cached BuiltGraph objects of ``graph_id``, one per device and input layout."""
         with self._lock:
-            return [built for (gid, _, _), built in self._built.items() if gid == graph_id]
+            return [built for (gid, *_), built in self._built.items() if gid == graph_id]
 
     def drop_built(self) -> None:
         """Forget every built graph and layout, registered built graphs included (the ids stay)."""
@@ -279,37 +291,6 @@ class GraphRegistry:
                 capacity=self.capacity,
                 definitions=len(self._definitions),
             )
-
-
-def _declared_operands(backward_operands) -> Optional[Tuple[BackwardOperand, ...]]:
-    """``backward_operands`` as a declaration, or None when it is a function (or absent)."""
-    if backward_operands is None or callable(backward_operands) or isinstance(backward_operands, (str, bytes)):
-        return None
-    try:
-        declared = tuple(backward_operands)
-    except TypeError:
-        return None
-    if not declared or not all(isinstance(o, BackwardOperand) for o in declared):
-        raise TypeError(
-            "register_graph: backward_operands must be a function (grad_outputs, inputs, outputs) -> operands, or a "
-            "non-empty sequence of BackwardOperand.grad(i) / .input(i) / .output(i)"
-        )
-    return declared
-
-
-def _check_declared_operands(name: str, declared, num_inputs: Optional[int], backward_arity: Optional[int]) -> None:
-    """What can be checked before any call: input indices against the builder's arity,
-    the operand count against the backward builder's. Output indices are checked per call."""
-    for operand in declared:
-        if operand.index < 0 or operand.strides_of_output < -1:
-            raise ValueError(f"register_graph({name!r}): {operand.describe()} has a negative index")
-        if operand.source == 1 and num_inputs is not None and operand.index >= num_inputs:
-            raise ValueError(f"register_graph({name!r}): {operand.describe()}, but the builder takes {num_inputs} inputs")
-    if backward_arity is not None and backward_arity != len(declared):
-        raise ValueError(
-            f"register_graph({name!r}): backward_operands declares {len(declared)} operands, but the backward builder "
-            f"takes {backward_arity}"
-        )
 
 
 def _capturing(device: int) -> bool:

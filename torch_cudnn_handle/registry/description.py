@@ -18,6 +18,7 @@ import cudnn
 import torch
 from cudnn.datatypes import torch_to_cudnn_data_type
 
+from .. import _C
 from .specs import _TORCH_DTYPES, _TORCH_OF_CUDNN, GraphLayout, TensorSpec
 
 if TYPE_CHECKING:
@@ -35,10 +36,8 @@ class _Definition:
     params: Dict[str, Any]
     num_inputs: Optional[int]  # None: the builder takes *inputs
     backward_id: Optional[int] = None  # the paired backward graph, if any
-    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None  # None with declared_operands
-    declared_operands: Optional[tuple] = None  # BackwardOperand...: assembled in C++ (_C.declare_backward)
+    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None  # None: declared (autograd_record.py)
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
-    materialize_grads: bool = True  # a backward function gets zeros (else None) for an output without a gradient
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
 
@@ -82,6 +81,18 @@ def _validate_description(graph) -> None:
     except Exception:
         if torch.cuda.is_available():
             raise
+
+
+def describing_handle(device: Optional[int]):
+    """The pooled handle a description is lowered with (``validate()`` lowers it), so
+    that the frontend makes no handle of its own for it; None without a GPU, where
+    nothing can be lowered. ``device``: the inputs' CUDA ordinal, or None (meta, fake
+    tensors of no ordinal: the current device's)."""
+    if not (_C.with_cuda and torch.cuda.is_available()):
+        return None
+    from ..pool import current_handle
+
+    return current_handle(torch.cuda.current_device() if device is None else device)
 
 
 def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):

@@ -9,7 +9,7 @@ shapes and strides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from cudnn.datatypes import torch_to_cudnn_data_type
@@ -56,33 +56,44 @@ def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class BackwardOperand:
-    """One operand of a backward graph, named instead of computed: the gradient of a
-    forward output, a forward input, or a forward output. A backward declared this way
-    (``register_graph(..., backward_operands=[...])``) is assembled in C++, so when a
-    native plan serves the backward graph the op's autograd node runs it with no Python.
+    """A tensor a backward takes from its forward call, named instead of computed: the
+    gradient of a forward output, a forward input, or a forward output.
 
-    A gradient autograd did not give is zeros like its output; a gradient is then made
-    contiguous, or given the strides of the forward output ``strides_of_output`` names
-    (for a backward graph built for the output's layout, as the sdpa backward is).
+    * As the operands of one backward graph (``register_graph(..., backward=...,
+      backward_operands=[...])``): the op's autograd node assembles them in C++, so
+      when a native plan serves the backward graph it runs with no Python. A gradient
+      autograd did not give is zeros like its output; a gradient is then made
+      contiguous, or given the strides of the forward output ``strides_of_output``
+      names (for a backward graph built for the output's layout, as the sdpa
+      backward is). The outputs whose gradient is not among them are marked
+      non-differentiable.
+    * As what a backward function reads (``register_graph(..., backward_fn=...,
+      backward_reads=[...])``, inputs and outputs only): the node saves just those
+      (Note [What a node saves] in csrc/op/autograd_kernels.cpp), and the function gets
+      None for the others. ``for_grads`` narrows it further: the tensor is saved only
+      when one of those forward inputs needs a gradient (``input(0, for_grads=[1])``:
+      ``x`` is read only to compute ``dW``).
     """
 
     source: int  # 0: gradient of output `index`, 1: input `index`, 2: output `index`
     index: int
     strides_of_output: int = -1
+    for_grads: Tuple[int, ...] = ()
 
     @classmethod
     def grad(cls, output: int, *, strides_of_output: Optional[int] = None) -> "BackwardOperand":
         return cls(0, int(output), -1 if strides_of_output is None else int(strides_of_output))
 
     @classmethod
-    def input(cls, index: int) -> "BackwardOperand":
-        return cls(1, int(index))
+    def input(cls, index: int, *, for_grads: Sequence[int] = ()) -> "BackwardOperand":
+        return cls(1, int(index), for_grads=tuple(int(i) for i in for_grads))
 
     @classmethod
-    def output(cls, index: int) -> "BackwardOperand":
-        return cls(2, int(index))
+    def output(cls, index: int, *, for_grads: Sequence[int] = ()) -> "BackwardOperand":
+        return cls(2, int(index), for_grads=tuple(int(i) for i in for_grads))
 
     def describe(self) -> str:
         what = ("grad", "input", "output")[self.source]
         like = f", strides_of_output={self.strides_of_output}" if self.strides_of_output >= 0 else ""
-        return f"BackwardOperand.{what}({self.index}{like})"
+        only = f", for_grads={list(self.for_grads)}" if self.for_grads else ""
+        return f"BackwardOperand.{what}({self.index}{like}{only})"

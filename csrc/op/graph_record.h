@@ -1,0 +1,80 @@
+// What the op's autograd node needs to know about one graph id, in one record
+// (register_graph declares it once, before the id is returned):
+//   * whether the graph has a backward, and if it is a declared one (a single backward
+//     graph whose operands are named as data: BackwardOperand), that graph and its
+//     operands, which the node assembles in C++ and, when a native plan serves them,
+//     runs with no Python (cuda_kernels.h: run_native_backward);
+//   * which forward inputs and outputs the backward reads: the node saves those, and
+//     only when an input whose gradient needs them requires grad (Note [What a node
+//     saves] in autograd_kernels.cpp);
+//   * which outputs are differentiable: the node marks the others non-differentiable,
+//     so no gradient can arrive for an output the backward does not take;
+//   * whether a backward function gets zeros (or None) for an output without gradient.
+// The native plans that serve a graph are in native::NativePlanTable, by the same id.
+//
+// Lifetime: a record lives for the process, like the graph definition it belongs to
+// (ids are never reused), so the pointers handed out stay valid on any thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torch_cudnn_handle {
+
+struct GraphRecord {
+  enum class Source : int8_t { kGrad = 0, kInput = 1, kOutput = 2 };
+  // One operand of the declared backward graph.
+  struct Operand {
+    Source source;
+    int64_t index;
+    int64_t strides_of_output;  // a gradient given that forward output's strides; -1: dense
+  };
+  // A forward input or output the backward reads. Saved only when one of the inputs
+  // in `for_grads` requires grad (empty: whenever the node is recorded).
+  struct Read {
+    Source source;  // kInput or kOutput
+    int64_t index;
+    std::vector<int64_t> for_grads;
+  };
+
+  bool has_backward = false;
+  int64_t backward_graph = -1;  // the declared backward graph, or -1 (a Python backward)
+  std::vector<Operand> operands;  // the declared backward graph's operands
+  bool reads_everything = true;  // else exactly `reads`
+  std::vector<Read> reads;
+  bool all_outputs_differentiable = true;  // else exactly `differentiable_outputs`
+  std::vector<int64_t> differentiable_outputs;
+  bool materialize_grads = true;  // a Python backward gets zeros (not None) for an output without gradient
+
+  bool declared() const { return backward_graph >= 0; }
+  bool reads_input(int64_t index, const std::vector<bool>& needs_grad) const;
+  bool reads_output(int64_t index, const std::vector<bool>& needs_grad) const;
+  bool is_differentiable(int64_t output) const;
+};
+
+// Sizes, strides and options of a forward output: what a gradient that never arrived
+// is zero-filled like, and what a gradient is restrided to, when the output itself is
+// not saved.
+struct OutputMeta {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  at::TensorOptions options;
+  at::Tensor zeros() const;
+};
+
+void declare_graph(int64_t graph, GraphRecord record);
+
+// The record of `graph`, or nullptr (an id without a backward may have none).
+const GraphRecord* graph_record(int64_t graph);
+
+// The declared backward graph's operands for one call: a missing gradient is zeros
+// like its output; a gradient is then made contiguous, or given the strides of the
+// output `strides_of_output` names. `inputs`/`outputs` hold what the node saved
+// (undefined elsewhere); `metas` describes every output.
+std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at::TensorList grads,
+                                                   at::TensorList inputs, at::TensorList outputs,
+                                                   const std::vector<OutputMeta>& metas);
+
+}  // namespace torch_cudnn_handle
