@@ -16,10 +16,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from _check import require_cuda
+from _check import LOSS_RTOL, require_cuda
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LOSS_RTOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
 def step(model, optimizer, x, target) -> float:
