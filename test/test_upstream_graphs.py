@@ -1,0 +1,92 @@
+"""The upstream graphs (test/upstream_graphs.py) without a GPU.
+
+* Every builder describes: the frontend runs it on a description made as the registry makes
+  one (shape inference runs; the backend check needs the driver), and every output gets a
+  layout whose shape is the torch reference's (the reference runs on meta tensors).
+* Every graph the op takes today traces under torch.compile(backend="aot_eager",
+  fullgraph=True) on fake CUDA tensors, as one cudnn_fe.execute whose outputs have exactly the
+  description's layouts.
+* Every graph marked refused (an xfail in test_upstream_graphs_gpu.py) is refused at trace
+  time for the reason given, so a stale xfail shows up here.
+"""
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from upstream_graphs import _TORCH_OF, ALL_INTEGER, FP8, GRAPHS, HOST_SCALAR, describe_with_frontend
+
+# What the op's refusal says, per reason (op.py, registry/description.py).
+REFUSAL_TEXT = {HOST_SCALAR: "more than one device", FP8: "which a cuDNN graph cannot take", ALL_INTEGER: "no floating-point input"}
+
+ACCEPTED = [e for e in GRAPHS if e.refused is None]
+REFUSED = [e for e in GRAPHS if e.refused is not None]
+
+
+def _validate(graph):
+    """registry/description.py's rule: inference must pass; the backend's own check needs the driver."""
+    try:
+        graph.validate()
+    except (ValueError, TypeError):
+        raise
+    except Exception:
+        if torch.cuda.is_available():
+            raise
+
+
+def _fake_cuda(inputs, mode):
+    """Fake CUDA tensors with the inputs' layouts; a host scalar stays a (fake) CPU tensor."""
+    with mode:
+        return [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu" if t.device.type == "cpu" else "cuda")
+            for t in inputs
+        ]
+
+
+def test_the_suite_covers_the_issue_families():
+    families = {e.family for e in GRAPHS}
+    assert len(GRAPHS) >= 20
+    assert {"matmul", "conv fprop", "conv dgrad", "conv wgrad", "batchnorm", "layernorm", "rmsnorm", "instancenorm", "rope",
+            "sdpa", "fp8", "int8"} <= families
+    assert len({e.name for e in GRAPHS}) == len(GRAPHS)
+    assert len({e.graph_id for e in GRAPHS}) == len(GRAPHS)
+
+
+@pytest.mark.parametrize("entry", GRAPHS, ids=lambda e: e.name)
+def test_builder_describes_with_the_frontend(entry):
+    inputs = entry.make_inputs("meta")
+    graph, _, outputs = describe_with_frontend(entry, inputs)
+    _validate(graph)
+    assert len(outputs) == len(entry.tolerances), f"{entry.name}: one tolerance per output"
+    expected = entry.reference(inputs)
+    assert len(expected) == len(outputs)
+    for i, (out, ref) in enumerate(zip(outputs, expected)):
+        assert out.dim and out.stride and len(out.dim) == len(out.stride), f"{entry.name} output {i} has no layout"
+        if ref is not None:
+            assert list(out.dim) == list(ref.shape), f"{entry.name} output {i}: described {out.dim}, reference {list(ref.shape)}"
+
+
+@pytest.mark.parametrize("entry", ACCEPTED, ids=lambda e: e.name)
+def test_accepted_graph_traces_under_compile_on_fake_cuda_tensors(entry):
+    torch._dynamo.reset()
+    inputs = entry.make_inputs("meta")
+    graph, _, described = describe_with_frontend(entry, inputs)
+    _validate(graph)
+    fakes = _fake_cuda(inputs, FakeTensorMode())
+    backend = AotEagerAndRecordGraphs()
+    outputs = torch.compile(lambda *xs: torch.ops.cudnn_fe.execute(entry.graph_id, list(xs)), backend=backend, fullgraph=True)(*fakes)
+    assert len(backend.fw_graphs) == 1
+    assert backend.fw_graphs[0].code.count("torch.ops.cudnn_fe.execute.default(") == 1
+    assert [(list(o.shape), list(o.stride()), o.dtype, o.device.type) for o in outputs] == [
+        (list(d.dim), list(d.stride), _TORCH_OF[d.data_type], "cuda") for d in described
+    ]
+
+
+@pytest.mark.parametrize("entry", REFUSED, ids=lambda e: e.name)
+def test_refused_graph_is_refused_for_the_stated_reason(entry):
+    inputs = entry.make_inputs("meta")
+    mode = FakeTensorMode()
+    fakes = _fake_cuda(inputs, mode)
+    with mode, pytest.raises(ValueError, match=REFUSAL_TEXT[entry.refused]):
+        torch.ops.cudnn_fe.execute(entry.graph_id, fakes)
