@@ -1,6 +1,6 @@
 """The benchmark report, in one command on the GPU host:
 
-    python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules]
+    python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules,memory]
                            [--runs untuned,tuned] [--update]
 
 writes ``REPORT.md`` (Markdown tables), ``report.png`` (plots) and ``report.json``
@@ -254,6 +254,17 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...]) -> Tuple[List[dict],
 
 
 # ---------------------------------------------------------------------------------
+# 5. What autograd keeps after a forward (autograd_memory.py)
+
+
+def autograd_memory() -> List[dict]:
+    import autograd_memory as bench_memory
+
+    print("\n## autograd_memory.py", flush=True)
+    return bench_memory.measure()
+
+
+# ---------------------------------------------------------------------------------
 # The report
 
 
@@ -468,6 +479,27 @@ def _markdown_module_steps(data: dict) -> List[str]:
     ]
 
 
+def _markdown_autograd_memory(data: dict) -> List[str]:
+    rows = data["autograd_memory"]
+    labels = sorted({label for r in rows for label in r["torch"]})
+    return [
+        "",
+        "## 5. What autograd keeps after a forward",
+        "",
+        "MiB the CUDA allocator holds after one forward whose autograd graph is alive (outputs plus tensors saved for "
+        "backward), beyond the inputs and parameters; bf16, the input requires grad (`autograd_memory.py`).",
+        "",
+        "| case | library MiB | " + " | ".join(f"{label} MiB" for label in labels) + " | library / torch's least |",
+        "| --- | ---: | " + " | ".join("---:" for _ in labels) + " | ---: |",
+        *[
+            f"| {r['case']} | {r['library_mib']:.2f} | "
+            + " | ".join(f"{r['torch'][label]:.2f}" if label in r["torch"] else "-" for label in labels)
+            + f" | {r['library_mib'] / min(r['torch'].values()):.2f}x |"
+            for r in rows
+        ],
+    ]
+
+
 def write_markdown(data: dict, path: str) -> None:
     lines = [
         "# Benchmark report",
@@ -484,7 +516,8 @@ def write_markdown(data: dict, path: str) -> None:
         *[f"| {key} | {value} |" for key, value in data["machine"].items()],
     ]
     for key, section in (("host_overhead", _markdown_host_overhead), ("thread_scaling", _markdown_thread_scaling),
-                         ("gpu_work", _markdown_gpu_work), ("module_table", _markdown_module_table), ("module_steps", _markdown_module_steps)):
+                         ("gpu_work", _markdown_gpu_work), ("module_table", _markdown_module_table), ("module_steps", _markdown_module_steps),
+                         ("autograd_memory", _markdown_autograd_memory)):
         if data.get(key):
             lines += section(data)
     if data.get("notes"):
@@ -673,12 +706,13 @@ def render(data: dict, out: str) -> None:
     print(f"\nwrote {os.path.join(out, 'REPORT.md')}" + (f" and {os.path.join(out, 'report.png')}" if plotted else ""))
 
 
-SECTIONS = ("host", "threads", "gpu_work", "modules")
+SECTIONS = ("host", "threads", "gpu_work", "modules", "memory")
 _ERROR_PREFIXES = {  # which recorded errors a section's new measurement replaces (--update)
     "host": ("bench_pool.py", "bench_op.py", "context_cost.py", "section host"),
     "threads": ("thread_scaling.py", "section threads"),
     "gpu_work": ("section gpu_work",),
     "modules": ("modules.py", "section modules"),
+    "memory": ("section memory",),
 }
 
 
@@ -746,6 +780,7 @@ def main(argv=None) -> int:
         "threads": threads_section,
         "gpu_work": lambda: data.__setitem__("gpu_work", gpu_work(args.quick)),
         "modules": module_section,
+        "memory": lambda: data.__setitem__("autograd_memory", autograd_memory()),
     }
     began = time.perf_counter()
     for section in SECTIONS:
