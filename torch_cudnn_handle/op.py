@@ -24,7 +24,7 @@ import torch
 from . import _C
 from . import registry as _registry_module
 from .pool import current_handle
-from .registry import TensorSpec
+from .registry import TensorSpec, symbolic
 
 _registry = _registry_module._registry
 
@@ -137,10 +137,27 @@ def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
     raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} needs CUDA inputs")
 
 
+def _cuda_index(tensor: torch.Tensor):
+    return tensor.device.index if tensor.device.type == "cuda" else None
+
+
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
+    """The layout at the inputs' sizes (their hints under dynamic shapes: no specialization)."""
     _one_device(graph, inputs)
-    device = inputs[0].device
-    return _registry.layout(graph, tuple(TensorSpec.of(t) for t in inputs), device.index if device.type == "cuda" else None)
+    return _registry.layout(graph, symbolic.hint_specs(inputs), _cuda_index(inputs[0]))
+
+
+def _fake_output_layouts(graph: int, inputs: Sequence[torch.Tensor]):
+    """(sizes, strides, dtype) per output: symbolic where the inputs' sizes are
+    (torch.compile(dynamic=True); registry/symbolic.py), from the graph's descriptions."""
+    _one_device(graph, inputs)
+    definition = _registry.definition(graph)
+    device = _cuda_index(inputs[0])
+    describe = lambda specs: _registry.layout(graph, specs, device)  # noqa: E731
+    if definition.output_shapes is not None and symbolic.is_symbolic(inputs):
+        shapes = definition.output_shapes(*[t.shape for t in inputs])
+        return symbolic.shaped_outputs(definition.name, shapes, inputs, describe(symbolic.hint_specs(inputs)))
+    return symbolic.output_layouts(definition.name, describe, inputs)
 
 
 def _one_device(graph: int, tensors: Sequence[torch.Tensor]) -> None:
@@ -157,7 +174,8 @@ def _one_device(graph: int, tensors: Sequence[torch.Tensor]) -> None:
 
 
 def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    return _empty_outputs(_layout_for_fake(graph, inputs), inputs[0].device)
+    device = inputs[0].device if inputs else None
+    return [torch.empty_strided(sizes, strides, dtype=dtype, device=device) for sizes, strides, dtype in _fake_output_layouts(graph, inputs)]
 
 
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
@@ -208,13 +226,11 @@ _POSITIONS: dict = {}  # (graph id, operand layouts) -> output positions; the ba
 
 def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     """Which builder output each of a graph's outputs is, for these operands' layouts."""
-    key = (graph_id, tuple((t.shape, t.stride(), t.dtype) for t in operands))
+    specs = symbolic.hint_specs(operands)  # which builder output each is does not depend on sizes: no specialization
+    key = (graph_id, specs)
     positions = _POSITIONS.get(key)
     if positions is None:
-        device = operands[0].device
-        positions = _registry.layout(
-            graph_id, tuple(TensorSpec.of(t) for t in operands), device.index if device.type == "cuda" else None
-        ).output_positions
+        positions = _registry.layout(graph_id, specs, _cuda_index(operands[0])).output_positions
         if len(_POSITIONS) >= 4096:
             _POSITIONS.clear()
         _POSITIONS[key] = positions

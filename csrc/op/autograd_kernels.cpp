@@ -83,7 +83,7 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
     }
     for (size_t j = 0; j < outputs.size(); ++j) {
       const auto& output = outputs[j];
-      call->output_metas.push_back({output.sizes().vec(), output.strides().vec(), output.options()});
+      call->output_metas.push_back({output.sym_sizes().vec(), output.sym_strides().vec(), output.options()});
       if (record && !record->is_differentiable(static_cast<int64_t>(j))) non_differentiable.push_back(output);
       if (!record || !record->reads_output(static_cast<int64_t>(j), needs_grad)) continue;
       call->output_slots[j] = static_cast<int64_t>(saved.size());

@@ -69,7 +69,7 @@ bool GraphRecord::is_differentiable(int64_t output) const {
 }
 
 // Outputs are allocated dense (empty_strided from the graph's layout), so this is their layout too.
-at::Tensor OutputMeta::zeros() const { return at::empty_strided(sizes, strides, options).zero_(); }
+at::Tensor OutputMeta::zeros() const { return at::empty_strided_symint(sizes, strides, options).zero_(); }
 
 void declare_graph(int64_t graph, GraphRecord record) {
   auto& t = table();
@@ -109,9 +109,9 @@ std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at
       continue;
     }
     const OutputMeta& like = meta_of(metas, operand.strides_of_output);
-    operands.push_back(given.strides().equals(like.strides)
+    operands.push_back(given.sym_strides().equals(like.strides)
                            ? given
-                           : at::empty_strided(like.sizes, like.strides, given.options()).copy_(given));
+                           : at::empty_strided_symint(like.sizes, like.strides, given.options()).copy_(given));
   }
   return operands;
 }

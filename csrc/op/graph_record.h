@@ -56,10 +56,10 @@ struct GraphRecord {
 
 // Sizes, strides and options of a forward output: what a gradient that never arrived
 // is zero-filled like, and what a gradient is restrided to, when the output itself is
-// not saved.
+// not saved. Symbolic under torch.compile(dynamic=True) (a trace must not specialize).
 struct OutputMeta {
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  std::vector<c10::SymInt> sizes;
+  std::vector<c10::SymInt> strides;
   at::TensorOptions options;
   at::Tensor zeros() const;
 };

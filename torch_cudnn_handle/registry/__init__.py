@@ -25,6 +25,7 @@ from .. import _C
 from . import description
 from .build import BuiltGraph
 from .cache import GraphRegistry
+from . import symbolic
 from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
@@ -68,6 +69,7 @@ def register_graph(
     differentiable_outputs: Optional[Sequence[int]] = None,
     materialize_grads: bool = True,
     tune: Optional[bool] = None,
+    output_shapes: Optional[Callable[..., Sequence[Sequence[Any]]]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -118,11 +120,17 @@ def register_graph(
     for an op without a deterministic implementation. A builder that has a
     deterministic variant of its own (the sdpa backward's) reads
     ``torch.are_deterministic_algorithms_enabled()``.
+
+    Under ``torch.compile(dynamic=True)`` the fake kernel gives outputs symbolic sizes
+    (one compiled frame serves every size; registry/symbolic.py): each output dimension
+    either stays fixed or follows one input dimension, found from two descriptions. A
+    graph whose outputs follow the inputs some other way gives
+    ``output_shapes(*input_shapes) -> [shape, ...]`` (one per output).
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, **params,
+        tune=tune, output_shapes=output_shapes, **params,
     )
 
 

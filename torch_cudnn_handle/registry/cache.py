@@ -82,12 +82,12 @@ class GraphRegistry:
 
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
-        differentiable_outputs=None, materialize_grads=True, tune=None, **params,
+        differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
         declared = autograd_record.declared_operands(backward_operands)
-        for what, fn in (("builder", builder), ("backward", backward), ("backward_operands", None if declared else backward_operands), ("backward_fn", backward_fn)):
+        for what, fn in (("builder", builder), ("output_shapes", output_shapes), ("backward", backward), ("backward_operands", None if declared else backward_operands), ("backward_fn", backward_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
         if backward_operands is not None and backward is None:
@@ -111,6 +111,7 @@ class GraphRegistry:
                 backward_operands=None if declared else (backward_operands or _default_backward_operands),
                 backward_fn=backward_fn,
                 tune=tune,
+                output_shapes=output_shapes,
             )
         )
         autograd_record.declare(

@@ -40,6 +40,7 @@ class _Definition:
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
+    output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
