@@ -18,7 +18,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBac
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
-from graph_inputs import CONV, FP8_MATMUL, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc, nhwc_strides
+from graph_inputs import CONV, FP8_MATMUL, INT8_CONV, RELU_TO_HALF, RMSNORM, nhwc, nhwc_strides, rmsnorm_with_epsilon
 from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
 from torch_cudnn_handle.registry.output_strides import dense_strides, stride_order_of
 from torch_cudnn_handle.registry.specs import _TORCH_DTYPES, cudnn_data_type_of
@@ -82,15 +82,22 @@ def test_compile_traces_a_cpu_scalar_beside_fake_cuda_tensors():
 
 
 def test_another_scalar_value_is_neither_another_trace_nor_another_description():
+    descriptions = []
+
+    def counted_rmsnorm(graph, x, scale, epsilon):
+        descriptions.append(epsilon.is_pass_by_value)
+        return rmsnorm_with_epsilon(graph, x, scale, epsilon)
+
+    graph_id = tch.register_graph(counted_rmsnorm)
     counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(rmsnorm_call, backend=counter, fullgraph=True)
+    compiled = torch.compile(lambda *inputs: torch.ops.cudnn_fe.execute(graph_id, list(inputs))[0], backend=counter, fullgraph=True)
     with FakeTensorMode(allow_non_fake_inputs=True):
         x = torch.empty(4, 64, 1, 1, dtype=torch.float16, device="cuda")
         scale = torch.empty(1, 64, 1, 1, dtype=torch.float32, device="cuda")
     for value in (1e-5, 1e-3):
         compiled(x, scale, torch.tensor(value))
-    assert counter.frame_count == 1
-    assert _registry.layout(RMSNORM, tuple(rmsnorm_specs())) is _registry.layout(RMSNORM, tuple(rmsnorm_specs()))
+    assert counter.frame_count == 1  # the value is not guarded on
+    assert descriptions == [True]  # one description, the scalar passed by value
 
 
 def test_a_cpu_tensor_that_is_not_a_scalar_is_refused_naming_it_and_the_rule():
