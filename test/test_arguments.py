@@ -91,7 +91,7 @@ def test_inputs_on_several_devices_are_refused_even_when_one_is_meta():
             torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
 
 
-@pytest.mark.parametrize("dtype, words", [(torch.complex64, "complex64, which a cuDNN graph cannot take"), (torch.int32, "no floating-point input")])
+@pytest.mark.parametrize("dtype, words", [(torch.complex64, "complex64, which a cuDNN graph cannot take"), (torch.float4_e2m1fn_x2, "float4_e2m1fn_x2, which a cuDNN graph cannot take")])
 def test_a_dtype_a_graph_cannot_take_fails_at_trace_time(dtype, words):
     inputs = [t.to("meta", dtype) for t in _meta_linear_inputs()]
     with pytest.raises(ValueError, match=words):

@@ -89,13 +89,7 @@ def _assert_reference(entry, outputs, inputs):
     assert checked, f"{entry.name}: no output compared with the reference"
 
 
-def _params():
-    for entry in GRAPHS:
-        marks = [pytest.mark.xfail(strict=False, reason=entry.refused)] if entry.refused else []
-        yield pytest.param(entry, id=entry.name, marks=marks)
-
-
-@pytest.mark.parametrize("entry", list(_params()))
+@pytest.mark.parametrize("entry", GRAPHS, ids=lambda e: e.name)
 def test_upstream_graph(entry):
     torch._dynamo.reset()
     device = torch.device("cuda", torch.cuda.current_device())

@@ -13,8 +13,7 @@ part of the registered definition), make_inputs(device) (op inputs in the builde
 a host scalar stays a CPU tensor, as upstream passes it), reference(inputs) (upstream's torch
 reference: one expected tensor or None per output), tolerances (atol, rtol) per output,
 region(outputs, inputs) (the part of each output a graph defines, for graphs that leave
-padding rows unwritten), ``refused``: why the op refuses the graph today (None: it takes it),
-and frontend_types: the graph-level data types upstream gives a graph the registry cannot
+padding rows unwritten), and frontend_types: the graph-level data types upstream gives a graph the registry cannot
 describe (an all-integer graph), used only when the frontend runs the graph itself.
 
 Upstream files the entries come from (paths in NVIDIA/cudnn-frontend):
@@ -44,9 +43,6 @@ CL = torch.channels_last
 F32 = cudnn.data_type.FLOAT
 
 # Why the op refuses a graph today (torch_cudnn_handle/op.py, registry/description.py).
-HOST_SCALAR = "host-scalar CPU input (a pass-by-value epsilon/momentum as a CPU tensor): the op refuses CPU inputs"
-FP8 = "fp8 dtypes: the op's dtype table has no float8 (registry/specs.py _TORCH_DTYPES)"
-ALL_INTEGER = "all-integer graph: the op takes its io type from the first floating-point input and refuses a graph with none"
 
 
 @dataclasses.dataclass
@@ -60,7 +56,6 @@ class UpstreamGraph:
     tolerances: Sequence[Tuple[float, float]]  # (atol, rtol) per output
     params: Dict[str, Any] = dataclasses.field(default_factory=dict)
     region: Optional[Callable[[List[torch.Tensor], List[torch.Tensor]], List[torch.Tensor]]] = None
-    refused: Optional[str] = None
     frontend_types: Optional[Dict[str, Any]] = None
     note: str = ""
     graph_id: int = -1
@@ -828,7 +823,7 @@ GRAPHS: List[UpstreamGraph] = [
     UpstreamGraph("int8_bf16_matmul", "int8", "test_matmul_bias_relu.py::test_int8_bf16_matmul", int8_bf16_matmul,
                   _int8_bf16_inputs, _int8_bf16_reference, [(1e-5, 1.6e-2)], note="torch.testing defaults for bf16"),
     UpstreamGraph("fp8_matmul", "fp8", "public API (per-tensor descaled fp8 GEMM)", fp8_matmul, _fp8_inputs, _fp8_reference,
-                  [(1e-2, 1e-2)], refused=FP8, note="public API; tolerance ours"),
+                  [(1e-2, 1e-2)], note="public API; tolerance ours"),
     UpstreamGraph("conv_bias_relu", "conv fprop", "conv/graph/test_conv_bias.py::test_conv_bias_relu", conv_bias_relu,
                   _conv_bias_relu_inputs,
                   lambda i: [_csbr(*i, padding=[1, 1], stride=[3, 3], lower_clip=0.5, upper_clip=0.55)], [(0.05, 1e-2)],
@@ -844,7 +839,6 @@ GRAPHS: List[UpstreamGraph] = [
                   params=dict(negative_slope=0.01)),
     UpstreamGraph("conv_int8", "int8", "conv/graph/test_conv_bias.py::test_conv_int8", conv_int8, _conv_int8_inputs,
                   _conv_int8_reference, [(1e-2, 1e-2)], params=dict(padding=[1, 1], stride=[1, 1], dilation=[1, 1]),
-                  refused=ALL_INTEGER,
                   frontend_types=dict(io_data_type=cudnn.data_type.INT8, intermediate_data_type=cudnn.data_type.INT32,
                                       compute_data_type=cudnn.data_type.INT32)),
     UpstreamGraph("scale_bias_relu_wgrad", "conv wgrad", "conv/graph/test_wgrads.py::test_scale_bias_relu_wgrad",
@@ -857,24 +851,21 @@ GRAPHS: List[UpstreamGraph] = [
                   params=dict(padding=[1, 1], stride=[1, 1], dilation=[1, 1], x_dim=(4, 32, 32, 32), x_stride=(32768, 1, 1024, 32)),
                   note="public API; tolerance ours"),
     UpstreamGraph("layernorm_forward", "layernorm", "norm/graph/test_layernorm.py::test_layernorm (forward)",
-                  layernorm_forward, _layernorm_forward_inputs, _layernorm_forward_reference, [(1e-2, 1e-2)] * 3,
-                  refused=HOST_SCALAR),
+                  layernorm_forward, _layernorm_forward_inputs, _layernorm_forward_reference, [(1e-2, 1e-2)] * 3),
     UpstreamGraph("layernorm_backward", "layernorm", "norm/graph/test_layernorm.py::test_layernorm (backward)",
                   layernorm_backward, _layernorm_backward_inputs, _layernorm_backward_reference, [(2e-4, 2e-4)] * 3),
     UpstreamGraph("rmsnorm_forward", "rmsnorm", "norm/graph/test_rmsnorm.py::test_rmsnorm (forward, bias)",
-                  rmsnorm_forward, _rmsnorm_forward_inputs, _rmsnorm_forward_reference, [(0.03125, 0.03125), (0.005, 0.005)],
-                  refused=HOST_SCALAR),
+                  rmsnorm_forward, _rmsnorm_forward_inputs, _rmsnorm_forward_reference, [(0.03125, 0.03125), (0.005, 0.005)]),
     UpstreamGraph("rmsnorm_backward", "rmsnorm", "norm/graph/test_rmsnorm.py::test_rmsnorm (backward, dbias)",
                   rmsnorm_backward, _rmsnorm_backward_inputs, _rmsnorm_backward_reference,
                   [(2e-4, 2e-4), (5e-4, 5e-4), (5e-4, 5e-4)]),
     UpstreamGraph("instancenorm_forward", "instancenorm", "norm/graph/test_instancenorm.py::test_in (forward)",
-                  instancenorm_forward, _instancenorm_forward_inputs, _instancenorm_forward_reference, [(1e-2, 1e-2)] * 3,
-                  refused=HOST_SCALAR),
+                  instancenorm_forward, _instancenorm_forward_inputs, _instancenorm_forward_reference, [(1e-2, 1e-2)] * 3),
     UpstreamGraph("instancenorm_backward", "instancenorm", "norm/graph/test_instancenorm.py::test_in (backward)",
                   instancenorm_backward, _instancenorm_backward_inputs, _instancenorm_backward_reference, [(2e-3, 2e-3)] * 3,
                   note="upstream also binds an epsilon the backward node never reads; left out"),
     UpstreamGraph("batchnorm_relu_mask", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_relu_with_mask",
-                  batchnorm_relu_mask, _batchnorm_inputs, _batchnorm_reference, [(1e-3, 1e-3)] * 6, refused=HOST_SCALAR,
+                  batchnorm_relu_mask, _batchnorm_inputs, _batchnorm_reference, [(1e-3, 1e-3)] * 6,
                   note="upstream writes the running stats in place (into the inputs); here they are outputs"),
     UpstreamGraph("drelu_dadd_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_drelu_dadd_dbn[dump_dX_dRelu1]",
                   drelu_dadd_dbn, _drelu_dbn_inputs, _drelu_dbn_reference, [(1e-3, 1e-3)] + [(1e-2, 1e-2)] * 3,

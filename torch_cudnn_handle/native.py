@@ -200,8 +200,10 @@ def backend_plan_of(graph, uids: Tuple[int, ...]) -> Tuple[Optional[NativePlanSp
         return None, "no backend plan in the serialized graph"
     if document.get("tensors_to_dump"):
         return None, "needs the frontend per call (tensors_to_dump)"
-    try:
-        by_value = tuple((int(uid), _by_value_bytes(entry)) for uid, entry in (document.get("pass_by_values") or {}).items())
+    try:  # a pass-by-value operand of the op itself (a host scalar input) is bound per call, never from here
+        by_value = tuple(
+            (int(uid), _by_value_bytes(entry)) for uid, entry in (document.get("pass_by_values") or {}).items() if int(uid) not in uids
+        )
     except (KeyError, TypeError, ValueError, struct.error) as error:
         return None, f"a pass-by-value scalar the native path cannot read ({type(error).__name__}: {error})"
     workspace_tensors = []

@@ -7,9 +7,16 @@
   first call too); otherwise the frontend's ordered execute runs it, with outputs and
   workspace from torch's caching allocator on the current stream. Nothing here
   synchronizes or allocates outside torch, so a warm call is capturable.
-* Refusals: CPU tensors, another backend, no tensor at all (CompositeExplicitAutograd).
+* Host scalars: a one-element CPU tensor input is a pass-by-value operand of the graph
+  (registry/specs.py ``is_host_scalar``); the call's device is its CUDA tensors'. cuDNN
+  reads the value on the host when the plan executes, so the tensor may be freed or
+  changed right after the call; a CUDA-graph capture reads it once, at capture, and
+  every replay uses that value (as torch does with a CPU scalar it passes to a kernel).
+* Refusals: any other CPU tensor, another backend, no tensor at all
+  (CompositeExplicitAutograd).
 * Fake kernel: output layouts from the graph's description (never built), so
-  torch.compile traces the op without a GPU; it refuses what a real call would.
+  torch.compile traces the op without a GPU; it refuses what a real call would. CPU
+  scalars trace beside fake CUDA tensors.
 * Autograd: the C++ kernels (csrc/op/autograd_kernels.cpp) record the node; its backward
   runs a declared backward natively in C++ when it can, and calls ``_backward`` here
   otherwise, on whichever thread autograd uses.
@@ -25,6 +32,7 @@ from . import _C
 from . import registry as _registry_module
 from .pool import current_handle
 from .registry import TensorSpec, symbolic
+from .registry.specs import is_host_scalar
 
 _registry = _registry_module._registry
 
@@ -32,25 +40,40 @@ __all__ = ["execute", "execute_out"]
 
 
 def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
-    """The one CUDA device all inputs are on; a clear error otherwise."""
+    """The one CUDA device all inputs but host scalars are on; a clear error otherwise."""
     device = None
     for i, tensor in enumerate(inputs):
         where = tensor.device
+        if is_host_scalar(tensor):
+            continue
         if where.type != "cuda":
             raise ValueError(
-                f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}; cuDNN graphs run on CUDA "
-                "tensors, all on one device. Move it with .to('cuda:N')."
+                f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}{_host_scalar_rule(tensor)}; cuDNN "
+                "graphs run on CUDA tensors, all on one device. Move it with .to('cuda:N')."
             )
         if device is None:
             device = where.index
         elif where.index != device:
             raise ValueError(
-                f"cudnn_fe.execute: inputs of graph {_graph_label(graph_id)} are on more than one device (input 0 on "
-                f"cuda:{device}, input {i} on {where}); put them all on the device the graph should run on."
+                f"cudnn_fe.execute: inputs of graph {_graph_label(graph_id)} are on more than one device (cuda:{device} and "
+                f"input {i} on {where}); put them all on the device the graph should run on."
             )
     if device is None:
-        raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph_id)} got no input tensors; pass at least one CUDA tensor")
+        raise ValueError(
+            f"cudnn_fe.execute: graph {_graph_label(graph_id)} got no input tensors"
+            f"{' on a GPU, only host scalars' if inputs else ''}; pass at least one CUDA tensor"
+        )
     return device
+
+
+def _host_scalar_rule(tensor: torch.Tensor) -> str:
+    """For a CPU tensor the op refuses: why it is not a host scalar."""
+    if tensor.device.type != "cpu":
+        return ""
+    return (
+        f" with {tensor.numel()} elements, and a CPU input must be a host scalar (a 0-dim or one-element CPU tensor, "
+        "passed to the graph by value)"
+    )
 
 
 def _graph_label(graph_id: int) -> str:
@@ -62,7 +85,7 @@ def _graph_label(graph_id: int) -> str:
 
 def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor]):
     device = _inputs_device(graph_id, inputs)
-    key_specs = tuple((t.shape, t.stride(), t.dtype) for t in inputs)
+    key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
     return _registry.built_graph(graph_id, device, inputs, key_specs, torch.are_deterministic_algorithms_enabled())
 
 
@@ -70,7 +93,9 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
     handle = current_handle(built.device)
     if torch.cuda.is_current_stream_capturing():
         _C.keep_alive_while_captured(built)  # its plan (a frost plan's kernels too) outlives any eviction
-    workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=inputs[0].device) if built.workspace_size else None
+    # Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the
+    # host address cuDNN reads the value from (at capture, in a CUDA-graph capture).
+    workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=_device(built)) if built.workspace_size else None
     built.graph.execute([*_aligned(inputs), *outputs], workspace, handle=handle, tensor_uids=built.uids)
 
 
@@ -83,7 +108,7 @@ _ALIGNMENT = 16
 
 
 def _is_aligned(tensor: torch.Tensor) -> bool:
-    return tensor.data_ptr() % _ALIGNMENT == 0
+    return tensor.is_cpu or tensor.data_ptr() % _ALIGNMENT == 0  # a host scalar is read by value on the host
 
 
 def _aligned_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -98,13 +123,18 @@ def _empty_outputs(layout, device) -> List[torch.Tensor]:
     return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in layout.outputs]
 
 
+def _device(built) -> torch.device:
+    """The CUDA device a built graph runs on (inputs[0] may be a host scalar)."""
+    return torch.device("cuda", built.device)
+
+
 def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = _built_for_call(graph, inputs)
     if built.native:  # built by this call: its first run on the plan every later call runs on
         outputs = _C.run_native(graph, inputs)
         if outputs is not None:
             return outputs
-    outputs = _empty_outputs(built.layout, inputs[0].device)
+    outputs = _empty_outputs(built.layout, _device(built))
     _launch(built, inputs, outputs)
     return outputs
 
@@ -115,10 +145,10 @@ def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch
     if len(out) != len(expected):
         raise ValueError(f"cudnn_fe.execute.out: graph {_graph_label(graph)} has {len(expected)} outputs, got {len(out)} out tensors")
     for i, (tensor, spec) in enumerate(zip(out, expected)):
-        if tensor.device != inputs[0].device or TensorSpec.of(tensor) != spec:
+        if tensor.device != _device(built) or TensorSpec.of(tensor) != spec:
             raise ValueError(
                 f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is {TensorSpec.of(tensor).describe()} on "
-                f"{tensor.device}, but the graph writes {spec.describe()} on {inputs[0].device}; allocate it with "
+                f"{tensor.device}, but the graph writes {spec.describe()} on {_device(built)}; allocate it with "
                 "torch.empty_strided(shape, stride, dtype=..., device=...)."
             )
     if built.native and _C.run_native_out(graph, inputs, out):
@@ -137,50 +167,62 @@ def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
     raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} needs CUDA inputs")
 
 
-def _cuda_index(tensor: torch.Tensor):
-    return tensor.device.index if tensor.device.type == "cuda" else None
+def _cuda_index(device: torch.device):
+    return device.index if device.type == "cuda" else None
 
 
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
     """The layout at the inputs' sizes (their hints under dynamic shapes: no specialization)."""
-    _one_device(graph, inputs)
-    return _registry.layout(graph, symbolic.hint_specs(inputs), _cuda_index(inputs[0]))
+    device = _call_device(graph, inputs)
+    return _registry.layout(graph, symbolic.hint_specs(inputs), _cuda_index(device))
 
 
-def _fake_output_layouts(graph: int, inputs: Sequence[torch.Tensor]):
+def _fake_output_layouts(graph: int, inputs: Sequence[torch.Tensor], device: torch.device):
     """(sizes, strides, dtype) per output: symbolic where the inputs' sizes are
     (torch.compile(dynamic=True); registry/symbolic.py), from the graph's descriptions."""
-    _one_device(graph, inputs)
     definition = _registry.definition(graph)
-    device = _cuda_index(inputs[0])
-    describe = lambda specs: _registry.layout(graph, specs, device)  # noqa: E731
+    describe = lambda specs: _registry.layout(graph, specs, _cuda_index(device))  # noqa: E731
     if definition.output_shapes is not None and symbolic.is_symbolic(inputs):
         shapes = definition.output_shapes(*[t.shape for t in inputs])
         return symbolic.shaped_outputs(definition.name, shapes, inputs, describe(symbolic.hint_specs(inputs)))
     return symbolic.output_layouts(definition.name, describe, inputs)
 
 
-def _one_device(graph: int, tensors: Sequence[torch.Tensor]) -> None:
-    """Fake and meta tensors keep their device: a trace refuses what a real call would
-    (no input, inputs on several devices) instead of describing outputs for it."""
-    if not tensors:
+def _call_device(graph: int, inputs: Sequence[torch.Tensor]) -> torch.device:
+    """The device a traced call's outputs are on: the one device of its inputs that are
+    not host scalars. Fake and meta tensors keep their device, so a trace refuses what a
+    real call would (no input, inputs on several devices, a CPU tensor that is not a
+    scalar) instead of describing outputs for it."""
+    if not inputs:
         raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} got no input tensors; pass at least one CUDA tensor")
-    devices = sorted({str(t.device) for t in tensors})
+    on_device = [(i, t) for i, t in enumerate(inputs) if not is_host_scalar(t)]
+    if not on_device:
+        return inputs[0].device  # only host scalars: described as they are (a real call refuses them)
+    devices = sorted({str(t.device) for _, t in on_device})
     if len(devices) > 1:
+        cpu = next(((i, t) for i, t in on_device if t.device.type == "cpu"), None)
+        rule = f": input {cpu[0]} is on cpu{_host_scalar_rule(cpu[1])}" if cpu else ""
         raise ValueError(
-            f"cudnn_fe.execute: inputs of graph {_graph_label(graph)} are on more than one device ({', '.join(devices)}); "
-            "put them all on the device the graph should run on."
+            f"cudnn_fe.execute: inputs of graph {_graph_label(graph)} are on more than one device ({', '.join(devices)})"
+            f"{rule}; put them all on the device the graph should run on."
         )
+    return on_device[0][1].device
 
 
 def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    device = inputs[0].device if inputs else None
-    return [torch.empty_strided(sizes, strides, dtype=dtype, device=device) for sizes, strides, dtype in _fake_output_layouts(graph, inputs)]
+    device = _call_device(graph, inputs)
+    return [torch.empty_strided(sizes, strides, dtype=dtype, device=device) for sizes, strides, dtype in _fake_output_layouts(graph, inputs, device)]
 
 
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
-    _one_device(graph, [*inputs, *out])
+    device = _call_device(graph, inputs)
+    for i, tensor in enumerate(out):
+        if tensor.device != device:
+            raise ValueError(
+                f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is on {tensor.device}, but the graph "
+                f"writes on {device}; allocate it there."
+            )
     return None
 
 
@@ -230,7 +272,7 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     key = (graph_id, specs)
     positions = _POSITIONS.get(key)
     if positions is None:
-        positions = _registry.layout(graph_id, specs, _cuda_index(operands[0])).output_positions
+        positions = _registry.layout(graph_id, specs, _cuda_index(operands[0].device)).output_positions
         if len(_POSITIONS) >= 4096:
             _POSITIONS.clear()
         _POSITIONS[key] = positions

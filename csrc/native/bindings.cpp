@@ -20,15 +20,16 @@ using native::NativePlanTable;
 using native::OperandLayout;
 using native::PlanExtras;
 
-// [(shape, stride, dtype), ...] from the Python registry.
+// [(shape, stride, dtype[, host]), ...] from the Python registry (host: a host scalar).
 std::vector<OperandLayout> layouts_of(const py::sequence& specs) {
   std::vector<OperandLayout> layouts;
   for (const auto& spec : specs) {
     auto fields = spec.cast<py::sequence>();
     py::handle dtype = fields[2];
     TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "torch_cudnn_handle: a layout's dtype must be a torch.dtype");
+    const bool host = fields.size() > 3 && fields[3].cast<bool>();
     layouts.push_back({fields[0].cast<std::vector<int64_t>>(), fields[1].cast<std::vector<int64_t>>(),
-                       reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type});
+                       reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type, host});
   }
   return layouts;
 }

@@ -44,9 +44,9 @@ bool is_aligned(const at::Tensor& tensor) {
 
 }  // namespace
 
-bool OperandLayout::matches(const at::Tensor& tensor) const {
-  return tensor.scalar_type() == dtype && tensor.sizes().equals(sizes) && tensor.strides().equals(strides) &&
-      is_aligned(tensor);
+bool OperandLayout::matches(const at::Tensor& tensor, int device) const {
+  const bool same_memory = host ? tensor.is_cpu() : (tensor.is_cuda() && tensor.get_device() == device && is_aligned(tensor));
+  return same_memory && tensor.scalar_type() == dtype && tensor.sizes().equals(sizes) && tensor.strides().equals(strides);
 }
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
@@ -116,7 +116,7 @@ void NativePlan::mark_used() const {
 bool NativePlan::matches(at::TensorList inputs) const {
   if (inputs.size() != inputs_.size()) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].is_cuda() || inputs[i].get_device() != device_ || !inputs_[i].matches(inputs[i])) return false;
+    if (!inputs_[i].matches(inputs[i], device_)) return false;
   }
   return true;
 }
@@ -124,7 +124,7 @@ bool NativePlan::matches(at::TensorList inputs) const {
 bool NativePlan::matches_outputs(at::TensorList outputs) const {
   if (outputs.size() != outputs_.size()) return false;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].is_cuda() || outputs[i].get_device() != device_ || !outputs_[i].matches(outputs[i])) return false;
+    if (outputs_[i].host || !outputs_[i].matches(outputs[i], device_)) return false;
   }
   return true;
 }
@@ -142,6 +142,8 @@ void NativePlan::execute(PooledCudnnHandle* handle, cudaStream_t stream, at::Ten
     workspace = static_cast<char*>(scratch.workspace(device_, stream, capturing, workspace_size(), per_call_workspace));
   }
   c10::SmallVector<void*, 16> pointers;
+  // A host scalar's pointer is its CPU data_ptr: cuDNN reads the value through it on
+  // the host during cudnnBackendExecute (see OperandLayout::host).
   for (const auto& t : inputs) pointers.push_back(t.data_ptr());
   for (const auto& t : outputs) pointers.push_back(t.data_ptr());
   for (const auto& value : by_value_storage_) pointers.push_back(const_cast<int64_t*>(&value));  // read, never written

@@ -38,11 +38,17 @@ struct OperandLayout {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   c10::ScalarType dtype;
+  // A host scalar: a one-element CPU tensor the graph takes by value. Its variant-pack
+  // pointer is the CPU tensor's data_ptr, which cudnnBackendExecute dereferences on
+  // the host before it returns (so the tensor may die right after the call; under
+  // CUDA-graph capture the value read at capture is baked into the graph).
+  bool host = false;
 
-  // Same layout and a 16-byte aligned data pointer: plans are built for aligned
-  // operands (the frontend sets no lower alignment), so a misaligned view takes the
-  // Python path, which stages it through an aligned copy.
-  bool matches(const at::Tensor& tensor) const;
+  // Same layout on the same kind of memory: a device operand on `device` with a
+  // 16-byte aligned data pointer (plans are built for aligned operands, the frontend
+  // sets no lower alignment, so a misaligned view takes the Python path, which stages
+  // it through an aligned copy); a host scalar on the CPU.
+  bool matches(const at::Tensor& tensor, int device) const;
 };
 
 // What the frontend adds to a call besides the operands, from its serialized graph.

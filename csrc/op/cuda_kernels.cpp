@@ -35,10 +35,16 @@ struct DeviceCall {
   context::ContextGuard context;
 };
 
-// The Python path runs under a DeviceCall for its inputs' device too; inputs that are
-// not all CUDA get the Python path's error, which names the offending one.
+// The Python path runs under a DeviceCall for its inputs' device too (the first CUDA
+// input's: others may be host scalars); what is wrong with the inputs (no CUDA tensor,
+// a CPU tensor that is not a scalar) gets the Python path's error, which names it.
 void enter_python_path(std::optional<DeviceCall>& call, at::TensorList inputs) {
-  if (!inputs.empty() && inputs[0].is_cuda()) call.emplace(inputs[0].get_device());
+  for (const auto& tensor : inputs) {
+    if (tensor.is_cuda()) {
+      call.emplace(tensor.get_device());
+      return;
+    }
+  }
 }
 
 std::vector<at::Tensor> execute_cuda(int64_t graph, at::TensorList inputs) {
@@ -62,7 +68,7 @@ std::vector<at::Tensor> run_plan(const native::NativePlan& plan, at::TensorList 
   DeviceCall call(plan.device());
   std::vector<at::Tensor> outputs;
   outputs.reserve(plan.outputs().size());
-  const auto device = inputs[0].device();
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(plan.device()));  // inputs[0] may be a host scalar
   for (const auto& layout : plan.outputs()) {
     // Straight from the CUDA allocator (device-guarded inside), not through the
     // dispatcher: this is the hot path, and the tensors are real CUDA tensors.

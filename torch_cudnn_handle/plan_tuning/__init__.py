@@ -134,7 +134,7 @@ def build_graph(
             )
     started = time.perf_counter()
     layout = [*input_specs, *output_specs]
-    label = f"{name} on cuda:{device} for " + ", ".join(f"{str(d).replace('torch.', '')}{list(s)}:{list(t)}" for s, t, d in input_specs)
+    label = f"{name} on cuda:{device} for " + ", ".join(f"{str(d).replace('torch.', '')}{list(s)}:{list(t)}" for s, t, d, *_ in input_specs)
     deterministic = torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic
     graph.build_operation_graph()  # build()'s steps (validating first if needed), but its plan walk
     graph.create_execution_plans(list(HEURISTICS))

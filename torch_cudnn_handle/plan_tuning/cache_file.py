@@ -17,8 +17,13 @@ from .choice import Spec
 def cache_key(*, backend_version: int, frontend_version: str, device: str, graph_key: Any, layout: Sequence[Spec], deterministic: bool) -> str:
     """One JSON string: a choice is reused only for the same cuDNN, frontend, GPU, graph,
     operand layout and determinism requirement."""
-    operands = [[list(map(int, shape)), list(map(int, stride)), str(dtype).replace("torch.", "")] for shape, stride, dtype in layout]
+    operands = [_operand_key(*spec) for spec in layout]
     return json.dumps([int(backend_version), str(frontend_version), str(device), str(graph_key), operands, bool(deterministic)], separators=(",", ":"))
+
+
+def _operand_key(shape, stride, dtype, host: bool = False) -> list:
+    key = [list(map(int, shape)), list(map(int, stride)), str(dtype).replace("torch.", "")]
+    return key + ["host"] if host else key  # a device operand's key as before host scalars existed
 
 
 def read_cache(path: str) -> Dict[str, dict]:

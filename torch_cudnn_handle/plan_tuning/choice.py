@@ -9,7 +9,7 @@ import cudnn
 import torch
 
 HEURISTICS = (cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK)
-Spec = Tuple[Sequence[int], Sequence[int], torch.dtype]  # (shape, stride, dtype) of one operand
+Spec = Tuple[Sequence[int], Sequence[int], torch.dtype, bool]  # (shape, stride, dtype, host scalar) of one operand
 
 
 @dataclasses.dataclass

@@ -38,7 +38,7 @@ def time_candidates(graph, device, handle, layout, uids, deterministic, fresh_gr
 
     timings: Dict[int, float] = {}
     with _timing_lock, torch.cuda.device(device):
-        operands = [_random_operand(shape, stride, dtype, device) for shape, stride, dtype in layout]
+        operands = [_random_operand(shape, stride, dtype, device, *host) for shape, stride, dtype, *host in layout]
         workspace_sizes = {}
         for index in built:
             try:
@@ -107,11 +107,12 @@ def _deterministic_plan_names(fresh_graph, candidates: set) -> set:
     return keep
 
 
-def _random_operand(shape, stride, dtype: torch.dtype, device: int) -> torch.Tensor:
+def _random_operand(shape, stride, dtype: torch.dtype, device: int, host: bool = False) -> torch.Tensor:
     # Fill the whole span the strides reach, then view it: writing through an
-    # overlapping (e.g. stride-0) view is refused by torch.
+    # overlapping (e.g. stride-0) view is refused by torch. A host scalar (a
+    # pass-by-value operand) is a CPU tensor: cuDNN reads its value on the host.
     span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(n > 0 for n in shape) else 1
-    target = torch.device("cuda", device)
+    target = torch.device("cpu") if host else torch.device("cuda", device)
     if dtype.is_floating_point:
         flat = torch.randn(span, device=target).to(dtype)
     else:

@@ -26,6 +26,7 @@ from . import description
 from .build import BuiltGraph
 from .cache import GraphRegistry
 from . import symbolic
+from .data_types import GraphDataTypes
 from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
@@ -70,17 +71,33 @@ def register_graph(
     materialize_grads: bool = True,
     tune: Optional[bool] = None,
     output_shapes: Optional[Callable[..., Sequence[Sequence[Any]]]] = None,
+    io_data_type: Any = None,
+    intermediate_data_type: Any = None,
+    compute_data_type: Any = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
 
-    ``builder(graph, *inputs, **params)`` adds nodes to ``graph`` (a ``cudnn.pygraph``
-    whose io type is the first floating input's dtype and whose intermediate and
-    compute types are float32) for ``inputs`` (one ``cudnn`` tensor per op input, with
-    the call's shapes, strides and dtypes) and returns its output tensor or a sequence
-    of them; the registry marks them as outputs. ``params`` are passed to every call of
-    the builder and are part of the definition: the same builder with other
-    parameters is another id.
+    ``builder(graph, *inputs, **params)`` adds nodes to ``graph`` (a ``cudnn.pygraph``)
+    for ``inputs`` (one ``cudnn`` tensor per op input, with the call's shapes, strides
+    and dtypes) and returns its output tensor or a sequence of them; the registry marks
+    them as outputs. ``params`` are passed to every call of the builder and are part of
+    the definition: the same builder with other parameters is another id.
+
+    The graph's types: ``io_data_type`` (of tensors created without one, outputs
+    included), ``intermediate_data_type`` (virtual tensors), ``compute_data_type``,
+    each a torch dtype or a ``cudnn.data_type``. By default io is the first
+    floating-point input's dtype (the first input's in an all-integer graph) and
+    intermediate and compute are float32.
+
+    Inputs: CUDA tensors, all on one device, and host scalars: a CPU tensor of one
+    element (``torch.tensor(1e-5)``) is a pass-by-value operand (an epsilon, a scale),
+    its value read when the plan runs, so one build serves every value. The op's
+    ``Tensor[]`` schema cannot carry a Python number: wrap it, ``torch.tensor(x)``.
+
+    Outputs: an output whose strides the builder declares (``set_stride``) is written
+    in exactly that layout; one it only marks leaves the layout to cuDNN (an NHWC
+    convolution writes NHWC), and the op returns what the build writes.
 
     A backward makes ``torch.ops.cudnn_fe.execute(id, ...)`` differentiable; give one of:
 
@@ -130,7 +147,9 @@ def register_graph(
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, output_shapes=output_shapes, **params,
+        tune=tune, output_shapes=output_shapes,
+        data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
+        **params,
     )
 
 

@@ -6,8 +6,10 @@ inside ``build_scope(device)``, with that thread's pooled handle for the device:
   * the description is built with plan_tuning.build_graph (untuned: exactly
     ``graph.build([A, FALLBACK])``); under torch.use_deterministic_algorithms(True),
     among the engines cuDNN does not mark NONDETERMINISTIC only;
-  * the build must write every output in the layout its description reported (the op
-    allocates outputs, and the fake kernel reports them, from the description);
+  * an output whose layout the builder declared must be written in that layout (a
+    contract); an undeclared one is allocated as the build lays it out, which the
+    description predicted for the fake kernel (output_strides.py; a miss warns, with
+    the fix: declare it);
   * a backend-served plan is handed to the native path (``native.backend_plan_of``,
     ``_C.native_register``), deserialized here, in the build scope; if that fails for
     any reason the graph stays on the Python path, which runs every plan, and
@@ -20,6 +22,7 @@ registered built graph refuses inputs on another device.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional, Sequence, Tuple
 
 import cudnn
@@ -28,7 +31,7 @@ from .. import _C, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
 from .description import _Definition, _describe
-from .specs import _TORCH_OF_CUDNN, GraphLayout, TensorSpec
+from .specs import GraphLayout, TensorSpec, torch_dtype_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +58,16 @@ def _build(
 ) -> BuiltGraph:
     with build_scope(device) as handle:
         try:
-            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, deterministic)
+            graph, outputs, described, uids, choice = _describe_and_build(definition, device, specs, handle, deterministic)
         except Exception:
             if not deterministic:
                 raise
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
-            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, False)
+            graph, outputs, described, uids, choice = _describe_and_build(definition, device, specs, handle, False)
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
-        _check_built_layout(definition, outputs, layout)
+        layout = _built_layout(definition, outputs, described)
         workspace = int(graph.get_workspace_size())
         engine = _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
@@ -124,19 +127,41 @@ def _engine_of(graph) -> str:
         return "backend"
 
 
-def _check_built_layout(definition: _Definition, outputs, layout: GraphLayout) -> None:
-    """The op allocates outputs from the description (and the fake kernel reports it);
-    the build must write exactly that, or results would land in the wrong layout."""
-    for i, (tensor, expected) in enumerate(zip(outputs, layout.outputs)):
-        written = (tuple(tensor.dim), tuple(tensor.stride), _TORCH_OF_CUDNN.get(tensor.data_type))
-        if written != (expected.shape, expected.stride, expected.dtype):
+def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> GraphLayout:
+    """The outputs as the build writes them. A declared layout is a contract: the build
+    must write exactly it. An undeclared one is what the build chose (the frontend
+    reflects the backend's layout inference into the built graph's tensors); when that
+    differs from what the description predicted, a trace made earlier described other
+    strides, so say so, with the fix."""
+    specs = []
+    for i, (tensor, expected) in enumerate(zip(outputs, described.outputs)):
+        written = TensorSpec(tuple(tensor.dim), tuple(tensor.stride), torch_dtype_of(tensor.data_type))
+        if described.is_declared(i) and written != expected:
             raise ValueError(
-                f"graph {definition.name!r}: the build writes output {i} as {written[2]}{list(written[0])} stride "
-                f"{list(written[1])}, but its description said {expected.describe()}; declare the output's layout "
-                "in the builder (tensor.set_dim(...).set_stride(...).set_data_type(...))"
+                f"graph {definition.name!r}: the build writes output {i} as {written.describe()}, but the builder "
+                f"declared {expected.describe()}; declare the layout the graph writes, or leave the strides undeclared "
+                "(the op then allocates what the build writes)"
             )
+        if not described.is_declared(i) and _differs_in_memory(written, expected):
+            warnings.warn(
+                f"graph {definition.name!r}: the build writes output {i} as {written.describe()}, but its description "
+                f"(what torch.compile traces) predicted {expected.describe()}; the op returns what the build writes. "
+                "Declare the output's layout in the builder (tensor.set_dim(...).set_stride(...)) so both agree.",
+                stacklevel=2,
+            )
+        specs.append(written)
+    return dataclasses.replace(described, outputs=tuple(specs))
+
+
+def _differs_in_memory(a: TensorSpec, b: TensorSpec) -> bool:
+    """Another shape or dtype, or another stride for a dim of more than one element
+    (torch, and inductor's stride asserts, ignore the stride of a dim of size 1)."""
+    if (a.shape, a.dtype) != (b.shape, b.dtype):
+        return True
+    return any(n > 1 and x != y for n, x, y in zip(a.shape, a.stride, b.stride))
 
 
 def _layouts(specs: Sequence[TensorSpec]) -> list:
-    """Specs as the (shape, stride, dtype) lists plan_tuning and the extension take."""
-    return [(list(s.shape), list(s.stride), s.dtype) for s in specs]
+    """Specs as the (shape, stride, dtype, host) lists plan_tuning and the extension take
+    (host: a host scalar, passed by value)."""
+    return [(list(s.shape), list(s.stride), s.dtype, s.host) for s in specs]

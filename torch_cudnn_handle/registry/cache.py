@@ -82,7 +82,7 @@ class GraphRegistry:
 
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
-        differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, **params,
+        differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -112,6 +112,7 @@ class GraphRegistry:
                 backward_fn=backward_fn,
                 tune=tune,
                 output_shapes=output_shapes,
+                **({} if data_types is None else dict(data_types=data_types)),  # the forward graph's; a backward graph keeps the default types
             )
         )
         autograd_record.declare(

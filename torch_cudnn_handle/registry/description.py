@@ -3,9 +3,12 @@
 A ``_Definition`` is what a graph id names: a builder plus its parameters (or one graph
 already built). ``_describe`` runs the builder on a fresh ``cudnn.pygraph`` description
 for given input specs. The fake kernel (torch.compile, meta/fake tensors, no GPU) asks
-only for the description's output layout, never a build, so its shapes, strides and
-dtypes are by construction those of the real build (build.py checks that they are).
-Describing needs no GPU and no lock; it runs the user's builder.
+only for the description's output layout, never a build. An output whose layout the
+builder declared is a contract (build.py checks the build writes it); an undeclared
+one is described with the strides cuDNN picks for it (output_strides.py), and the
+build's own layout is what the op allocates. Host scalars (one-element CPU tensors)
+are pass-by-value operands. Describing needs no GPU and no lock; it runs the user's
+builder.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
 
 import cudnn
 import torch
-from cudnn.datatypes import torch_to_cudnn_data_type
 
 from .. import _C
-from .specs import _TORCH_DTYPES, _TORCH_OF_CUDNN, GraphLayout, TensorSpec
+from .data_types import GraphDataTypes
+from .output_strides import undeclared_output_strides
+from .specs import GraphLayout, TensorSpec, cudnn_data_type_of, torch_dtype_of
 
 if TYPE_CHECKING:
     from .build import BuiltGraph
@@ -41,6 +45,7 @@ class _Definition:
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
     output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
+    data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
@@ -49,25 +54,6 @@ def _default_backward_operands(grad_outputs, inputs, outputs):
 
 # ---------------------------------------------------------------------------------
 # Describing
-
-
-def _io_dtype(definition: "_Definition", specs: Sequence[TensorSpec]) -> torch.dtype:
-    """The graph's io type: its first floating-point input's dtype. Refuses what a cuDNN
-    graph cannot take, so a trace fails where the GPU build would."""
-    for i, spec in enumerate(specs):
-        if spec.dtype not in _TORCH_DTYPES:
-            raise ValueError(
-                f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {spec.dtype}, which a cuDNN graph cannot "
-                f"take; use one of {', '.join(str(d).replace('torch.', '') for d in _TORCH_DTYPES)}"
-            )
-    floating = next((s.dtype for s in specs if s.dtype.is_floating_point), None)
-    if floating is None:
-        raise ValueError(
-            f"cudnn_fe.execute: graph {definition.name!r} got no floating-point input "
-            f"({', '.join(str(s.dtype).replace('torch.', '') for s in specs)}); its compute type follows the first "
-            "floating-point input, so pass fp16, bf16 or fp32 tensors"
-        )
-    return floating
 
 
 def _validate_description(graph) -> None:
@@ -98,17 +84,9 @@ def describing_handle(device: Optional[int]):
 
 def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
     """Run the definition's builder on a fresh graph description for ``specs``."""
-    graph = cudnn.pygraph(
-        name=definition.name,
-        io_data_type=torch_to_cudnn_data_type(_io_dtype(definition, specs)),
-        intermediate_data_type=cudnn.data_type.FLOAT,
-        compute_data_type=cudnn.data_type.FLOAT,
-        handle=handle,
-    )
-    inputs = [
-        graph.tensor(name=f"input{i}", dim=list(s.shape), stride=list(s.stride), data_type=torch_to_cudnn_data_type(s.dtype))
-        for i, s in enumerate(specs)
-    ]
+    io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
+    graph = cudnn.pygraph(name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle)
+    inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
     result = definition.builder(graph, *inputs, **definition.params)
     returned = [result] if isinstance(result, cudnn.Tensor) else list(result)
     outputs, positions = [], []
@@ -120,6 +98,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
     if not outputs:
         raise ValueError(f"graph {definition.name!r}: the builder returned no output tensor")
     _validate_description(graph)
+    inferred = undeclared_output_strides(graph)
     out_specs = []
     for i, tensor in enumerate(outputs):
         if not tensor.dim or not tensor.stride:
@@ -127,12 +106,34 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
                 f"graph {definition.name!r}: could not infer the shape of output {i}; give it one in the builder "
                 "(tensor.set_dim(...).set_stride(...))"
             )
-        dtype = _TORCH_OF_CUDNN.get(tensor.data_type)
-        if dtype is None:
-            raise ValueError(f"graph {definition.name!r}: output {i} has data type {tensor.data_type}, which torch cannot hold; set_data_type() it")
-        out_specs.append(TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype))
-    layout = GraphLayout(tuple(out_specs), tuple(positions))
+        out_specs.append(TensorSpec(tuple(tensor.dim), tuple(inferred.get(id(tensor), tensor.stride)), _output_dtype(definition, i, tensor)))
+    declared = tuple(bool(t.stride_assigned) for t in outputs)
+    layout = GraphLayout(tuple(out_specs), tuple(positions), declared)
     return graph, inputs, outputs, layout
+
+
+def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpec]):
+    """The graph tensor of op input ``index``. A host scalar is a pass-by-value operand
+    (cuDNN reads its value on the host when the plan executes); a 0-dim one is
+    described with as many unit dims as the first device input has (a norm's epsilon
+    is [1, 1, 1, 1] next to a 4-d input), since a cuDNN tensor has at least one dim."""
+    shape, stride = list(spec.shape), list(spec.stride)
+    if spec.host and not shape:
+        rank = next((len(s.shape) for s in specs if not s.host and s.shape), 1)
+        shape, stride = [1] * rank, [1] * rank
+    return graph.tensor(
+        name=f"input{index}", dim=shape, stride=stride, data_type=cudnn_data_type_of(spec.dtype), is_pass_by_value=spec.host
+    )
+
+
+def _output_dtype(definition: _Definition, index: int, tensor) -> torch.dtype:
+    dtype = torch_dtype_of(tensor.data_type)
+    if dtype is None:
+        raise ValueError(
+            f"graph {definition.name!r}: output {index} has data type {tensor.data_type}, for which torch has no dtype "
+            "(a packed or unset type); set_data_type() it to one torch has (torch dtypes are accepted)"
+        )
+    return dtype
 
 
 # ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The registry's value types: operand specs, output layouts, declared backward operands,
-and the dtype tables.
+and the dtypes a graph takes (read from the frontend's table, never copied).
 
 All are frozen and hashable: a tuple of ``TensorSpec`` is part of the cache keys.
 Shapes and strides are plain ints (never symbolic): a cuDNN graph is built for exact
@@ -12,11 +12,41 @@ import dataclasses
 from typing import Optional, Sequence, Tuple
 
 import torch
-from cudnn.datatypes import torch_to_cudnn_data_type
+from cudnn.datatypes import _cudnn_to_torch_data_type, torch_to_cudnn_data_type
 
-# The dtypes a graph's tensors may have, and their cudnn.data_type (the frontend's own table).
-_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool)
-_TORCH_OF_CUDNN = {torch_to_cudnn_data_type(dt): dt for dt in _TORCH_DTYPES}
+
+# torch's packed fp4 (``float4_e2m1fn_x2``) counts pairs where a cuDNN tensor counts
+# elements, so a shape cannot cross unchanged: left out of the dtypes a graph takes.
+_PACKED_DTYPES = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
+
+# The torch dtypes a graph's tensors may have: those the frontend's own table
+# (cudnn.datatypes) maps to a cudnn.data_type, found by asking it about every dtype
+# this torch has, so a dtype either side adds (fp8 e8m0, ...) needs no edit here.
+_TORCH_DTYPES = tuple(
+    dtype
+    for dtype in dict.fromkeys(value for value in vars(torch).values() if isinstance(value, torch.dtype))
+    if dtype not in _PACKED_DTYPES and torch_to_cudnn_data_type(dtype) is not None
+)
+
+
+def cudnn_data_type_of(data_type):
+    """A ``cudnn.data_type`` for what the frontend accepts as one (a cudnn.data_type or a
+    torch dtype: ``tensor.set_data_type(torch.float16)`` keeps the torch dtype in the
+    description, so its ``data_type`` may be either); None for anything else."""
+    if isinstance(data_type, torch.dtype):
+        return None if data_type in _PACKED_DTYPES else torch_to_cudnn_data_type(data_type)
+    return data_type
+
+
+def torch_dtype_of(data_type) -> Optional[torch.dtype]:
+    """The torch dtype of a graph tensor's data type (either spelling), through the
+    frontend's table; None when torch has no dtype for it."""
+    cudnn_type = cudnn_data_type_of(data_type)
+    return None if cudnn_type is None else _cudnn_to_torch_data_type(cudnn_type)
+
+
+def dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,32 +56,50 @@ class TensorSpec:
     shape: Tuple[int, ...]
     stride: Tuple[int, ...]
     dtype: torch.dtype
+    host: bool = False  # a host scalar: a pass-by-value operand, its value read per call (is_host_scalar)
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> "TensorSpec":
         # int() specializes a symbolic size under torch.compile(dynamic=True): a cuDNN
         # graph is built for exact shapes and strides, so that is the truth.
-        return cls(tuple(int(n) for n in tensor.shape), tuple(int(n) for n in tensor.stride()), tensor.dtype)
+        return cls(tuple(int(n) for n in tensor.shape), tuple(int(n) for n in tensor.stride()), tensor.dtype, is_host_scalar(tensor))
 
     def describe(self) -> str:
-        return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}"
+        where = " on the host (pass-by-value)" if self.host else ""
+        return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}{where}"
+
+
+def is_host_scalar(tensor: torch.Tensor) -> bool:
+    """A CPU tensor of one element (0-dim or not): the op passes it to the graph by
+    value (a pass-by-value operand), as the frontend does with a CPU tensor. Any other
+    CPU tensor is refused. Fake and meta CPU tensors count too, so a trace describes
+    the graph a real call builds."""
+    return tensor.device.type == "cpu" and tensor.numel() == 1
 
 
 @dataclasses.dataclass(frozen=True)
 class GraphLayout:
-    """What a call's outputs look like: their specs, and for each output the position
-    (in the builder's returned sequence) it came from; a builder may return None for
-    a slot (a backward builder does, for a forward input with no gradient)."""
+    """What a call's outputs look like: their specs, for each output the position (in
+    the builder's returned sequence) it came from (a builder may return None for a
+    slot: a backward builder does, for a forward input with no gradient), and which
+    layouts the builder declared."""
 
     outputs: Tuple[TensorSpec, ...]
     output_positions: Tuple[int, ...]
+    # Per output, whether the builder declared its strides (a contract the build must
+    # keep) or left them to cuDNN (the build's layout is what the op allocates).
+    # Empty: all declared (a registered built graph).
+    declared: Tuple[bool, ...] = ()
+
+    def is_declared(self, index: int) -> bool:
+        return not self.declared or self.declared[index]
 
 
 def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
-    dtype = _TORCH_OF_CUDNN.get(tensor.data_type)
+    dtype = torch_dtype_of(tensor.data_type)
     if dtype is None or not tensor.dim:
         raise ValueError(f"register_built_graph: {what} needs dims, strides and a torch-representable data type")
-    return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype)
+    return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype, bool(tensor.is_pass_by_value))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .specs import GraphLayout, TensorSpec
+from .specs import GraphLayout, TensorSpec, is_host_scalar
 
 OutputLayout = Tuple[List, List, torch.dtype]  # sizes, strides (ints or SymInts), dtype
 
@@ -56,7 +56,8 @@ def hint_specs(tensors: Sequence[torch.Tensor]) -> Tuple[TensorSpec, ...]:
 
 def _specs_at(tensors: Sequence[torch.Tensor], values: dict) -> Tuple[TensorSpec, ...]:
     return tuple(
-        TensorSpec(tuple(_at(n, values) for n in t.shape), tuple(_at(n, values) for n in t.stride()), t.dtype) for t in tensors
+        TensorSpec(tuple(_at(n, values) for n in t.shape), tuple(_at(n, values) for n in t.stride()), t.dtype, is_host_scalar(t))
+        for t in tensors
     )
 
 
