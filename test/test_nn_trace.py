@@ -13,8 +13,7 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_cudnn_handle.demo import fake_cuda_module
-from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
+from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, fake_cuda_module, reference_of, sdpa, sdpa_reference
 
 DTYPE = torch.bfloat16
 
@@ -47,7 +46,7 @@ def execute_calls(graph_module) -> int:
 def test_forward_traces_on_fake_cuda_tensors(name):
     make, shape, forward_calls, _ = MODULES[name]
     fake_mode = FakeTensorMode()
-    module = fake_cuda_module(make("meta"), fake_mode)
+    module = fake_cuda_module(make, fake_mode=fake_mode)
     with fake_mode:
         x = torch.empty(shape, dtype=DTYPE, device="cuda")
     backend = AotEagerAndRecordGraphs()
@@ -143,3 +142,12 @@ def test_reference_of_copies_the_parameters():
     assert block.state_dict().keys() == reference.state_dict().keys()
     for (name, p), q in zip(block.named_parameters(), reference.parameters()):
         assert torch.equal(p, q) and p.data_ptr() != q.data_ptr(), name
+
+
+def test_fake_cuda_module_gives_fake_cuda_parameters_and_buffers():
+    fake_mode = FakeTensorMode()
+    block = fake_cuda_module(TransformerBlock, 64, 2, fake_mode=fake_mode, dtype=DTYPE)
+    tensors = list(block.parameters()) + list(block.buffers())
+    assert tensors and all(t.device.type == "cuda" and t.dtype == DTYPE and t.fake_mode is fake_mode for t in tensors)
+    shapes = {n: tuple(p.shape) for n, p in TransformerBlock(64, 2, device="meta", dtype=DTYPE).named_parameters()}
+    assert {n: tuple(p.shape) for n, p in block.named_parameters()} == shapes
