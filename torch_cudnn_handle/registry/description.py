@@ -84,6 +84,20 @@ def _validate_description(graph) -> None:
             raise
 
 
+def _returned_tensors(definition: _Definition, result) -> list:
+    """A builder's result as a list: one ``cudnn.Tensor``, or a list or tuple of them
+    (None where an output is skipped). Anything else is the builder's mistake, named."""
+    fix = "return the cudnn.Tensor a graph node gave (e.g. graph.relu(x)), or a list of them"
+    if isinstance(result, cudnn.Tensor):
+        return [result]
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"graph {definition.name!r}: the builder returned {type(result).__name__} ({result!r:.40}); {fix}")
+    for i, tensor in enumerate(result):
+        if tensor is not None and not isinstance(tensor, cudnn.Tensor):
+            raise TypeError(f"graph {definition.name!r}: element {i} of what the builder returned is {type(tensor).__name__}; {fix}")
+    return list(result)
+
+
 def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
     """Run the definition's builder on a fresh graph description for ``specs``."""
     graph = cudnn.pygraph(
@@ -97,8 +111,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None)
         graph.tensor(name=f"input{i}", dim=list(s.shape), stride=list(s.stride), data_type=torch_to_cudnn_data_type(s.dtype))
         for i, s in enumerate(specs)
     ]
-    result = definition.builder(graph, *inputs, **definition.params)
-    returned = [result] if isinstance(result, cudnn.Tensor) else list(result)
+    returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []
     for position, tensor in enumerate(returned):
         if tensor is not None:
