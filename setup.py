@@ -17,8 +17,12 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # PEP 517 backends do not put the project on the path
-from tools.extension_build import cudnn_include_dirs, shared_libstdcxx  # noqa: E402
+from tools.extension_build import cudnn_include_dirs, environment_tag, shared_libstdcxx  # noqa: E402
 WITH_CUDA = torch.version.cuda is not None
+# Release by default: optimized and without debug info (Python's own CFLAGS carry -g, which
+# made a 30 MB module); TORCH_CUDNN_HANDLE_DEBUG=1 builds unoptimized with debug info.
+DEBUG = os.environ.get("TORCH_CUDNN_HANDLE_DEBUG") == "1"
+CXX_FLAGS = ["-O0", "-g"] if DEBUG else ["-O3", "-g0"]
 VERSION = runpy.run_path(os.path.join(HERE, "torch_cudnn_handle", "_version.py"))["__version__"]
 
 # Files that need the CUDA toolkit and a CUDA torch; the rest builds everywhere.
@@ -36,13 +40,29 @@ CUDA_ONLY = {
 }
 
 
+def default_jobs() -> int:
+    """Parallel compiles for ninja when $MAX_JOBS is unset: the CPUs this process may use,
+    at most one per 2 GiB of memory (one compile against torch's headers takes about 1 GiB)."""
+    cpus = len(os.sched_getaffinity(0))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cpus, int(memory_gib // 2)))
+
+
 class PersistentBuildExtension(BuildExtension):
-    """Objects kept in build/ between installs, so that an editable re-install recompiles
-    only what changed (pip otherwise builds in a fresh temporary folder every time)."""
+    """Objects kept in build/temp.<environment>/ between installs, so that a re-install
+    recompiles only what changed (pip otherwise builds in a fresh temporary folder every
+    time) and two environments (another Python, torch, or CUDA) keep their own."""
 
     def finalize_options(self):
         super().finalize_options()
-        self.build_temp = os.path.join(HERE, "build", "temp")
+        self.build_temp = os.path.join(HERE, "build", f"temp.{environment_tag()}{'-debug' if DEBUG else ''}")
+
+    def build_extensions(self):
+        os.environ.setdefault("MAX_JOBS", str(default_jobs()))  # torch's ninja build reads it
+        # pip shows this and ninja's "[n/N] c++ ..." lines when run with -v.
+        print(f"torch_cudnn_handle: {len(sources)} C++ sources, up to {os.environ['MAX_JOBS']} compiles at a time "
+              f"({'debug' if DEBUG else 'release'}); objects in {os.path.relpath(self.build_temp, HERE)}, ninja recompiles what changed", flush=True)
+        super().build_extensions()
 
 
 sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "**", "*.cpp"), recursive=True))
@@ -53,7 +73,7 @@ extension_kwargs = dict(
     name="torch_cudnn_handle._C",
     sources=sources,
     include_dirs=[os.path.join(HERE, "csrc")] + (cudnn_include_dirs() if WITH_CUDA else []),
-    extra_compile_args={"cxx": ["-O3"]},
+    extra_compile_args={"cxx": CXX_FLAGS},
     extra_link_args=shared_libstdcxx(),
     define_macros=[("TORCH_CUDNN_HANDLE_WITH_CUDA", None)] if WITH_CUDA else [],
     libraries=["dl"],

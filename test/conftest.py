@@ -1,4 +1,5 @@
 import contextlib
+import importlib.util
 import os
 import sys
 import threading
@@ -8,10 +9,20 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)  # tools/
+sys.path.insert(0, HERE)  # the tests' helpers (graphs.py, host_sync_probe.py)
 
-from tools.extension_build import load_auxiliary  # noqa: E402
+
+def _load_by_path(name: str, path: str):
+    """A module from its file, without putting the repository on sys.path: the tests
+    import torch_cudnn_handle as installed (editable or not), never the checkout's copy
+    by accident of the path."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+load_auxiliary = _load_by_path("extension_build", os.path.join(ROOT, "tools", "extension_build.py")).load_auxiliary
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -1,7 +1,12 @@
-"""Argument validation that needs no GPU: devices, graph ids, arities, CPU tensors."""
+"""Argument validation that needs no GPU: devices, graph ids, arities, CPU tensors, and
+every wrong argument a call can get, refused where a trace (meta or fake tensors) sees it."""
 
+import re
+
+import cudnn
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
 from graphs import LINEAR_RELU
@@ -112,3 +117,88 @@ def test_out_refuses_autograd_and_bumps_versions_on_meta():
     torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.detach(), w, b], out=[saved])
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+# -- every wrong argument gets an error naming it, the problem and the fix -----------------
+
+
+@pytest.mark.parametrize("bad, words", [(None, "inputs\\[1\\] of graph 'linear_relu' is NoneType, not a tensor"), (3, "inputs\\[1\\] of graph 'linear_relu' is int, not a tensor")])
+def test_a_non_tensor_in_the_inputs_is_named_by_tch_execute(bad, words):
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(TypeError, match=words + ".*list of CUDA tensors only"):
+        tch.execute(LINEAR_RELU, [x, bad, b])
+    with pytest.raises(TypeError, match=words):
+        tch.execute_out(LINEAR_RELU, [x, bad, b], out=[torch.empty(2, 16, 8, dtype=torch.half, device="meta")])
+    with pytest.raises(TypeError, match="out\\[0\\] of graph 'linear_relu' is NoneType"):
+        tch.execute_out(LINEAR_RELU, [x, w, b], out=[None])
+
+
+def test_a_non_tensor_in_the_inputs_of_the_op_is_refused_by_torchs_parser():
+    """torch.ops parses the arguments against the schema before any kernel of this library
+    runs, so the message is torch's: it names the argument and prints the list it got."""
+    x, _, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(RuntimeError, match=r"(?s)Expected a value of type 'List\[Tensor\]' for argument 'inputs'.*Value: \[.*, None, "):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, None, b])
+
+
+@pytest.mark.parametrize("graph", [2**63, -(2**63) - 1, 1.0, "1"])
+def test_a_graph_id_that_is_not_an_int64_is_named(graph):
+    inputs = [t.to("meta") for t in _meta_linear_inputs()]
+    with pytest.raises(TypeError, match=f"graph must be an int id from register_graph\\(\\).*got {re.escape(repr(graph))}"):
+        tch.execute(graph, inputs)
+
+
+@pytest.mark.parametrize("returned, words", [(None, "the builder returned NoneType"), (7, "the builder returned int"), ([7], "element 0 of what the builder returned is int")])
+def test_a_builder_returning_no_tensor_is_named_at_trace_time(returned, words):
+    gid = tch.register_graph(lambda g, x: returned, name=f"returns_{type(returned).__name__}")
+    with pytest.raises(TypeError, match=f"graph 'returns_{type(returned).__name__}': {words}.*return the cudnn.Tensor a graph node gave"):
+        torch.ops.cudnn_fe.execute(gid, [torch.empty(4, 8, 8, device="meta")])
+
+
+def test_a_zero_dim_input_is_refused_with_the_fix():
+    gid = tch.register_graph(lambda g, x, s: g.mul(x, s), name="scale")
+    x = torch.empty(4, 8, 8, device="meta")
+    with pytest.raises(ValueError, match=r"input 1 of graph 'scale' is a 0-dim tensor on meta.*\[1\]-shaped tensor \(t.reshape\(1\)\)"):
+        torch.ops.cudnn_fe.execute(gid, [x, torch.empty((), device="meta")])
+    with FakeTensorMode():
+        fake = torch.empty(4, 8, 8, device="cuda")
+        with pytest.raises(ValueError, match="input 1 of graph 'scale' is a 0-dim tensor on cuda:0"):
+            torch.ops.cudnn_fe.execute(gid, [fake, torch.empty((), device="cuda")])
+
+
+@pytest.mark.parametrize(
+    "out, words",
+    [
+        ([torch.empty(2, 16, 9, dtype=torch.half)], r"out\[0\] of graph 'linear_relu' is float16\[2, 16, 9\]"),
+        ([torch.empty(2, 16, 8, dtype=torch.float)], r"out\[0\] of graph 'linear_relu' is float32\[2, 16, 8\]"),
+        ([torch.empty(2, 16, 8, dtype=torch.half)] * 2, "has 1 outputs, got 2 out tensors; pass one tensor per output"),
+        ([], "has 1 outputs, got 0 out tensors"),
+    ],
+)
+def test_a_wrong_out_fails_at_trace_time(out, words):
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match=words):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=[t.to("meta") for t in out])
+
+    def into(x, w, b, out):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=out)
+        return out
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=words):
+        torch.compile(into, backend="aot_eager", fullgraph=True)(x, w, b, [t.to("meta") for t in out])
+
+
+def test_built_graphs_of_an_unknown_id_raises():
+    with pytest.raises(ValueError, match="unknown graph id 9999.*register_graph"):
+        tch.built_graphs(9999)
+
+
+def test_register_built_graph_wants_a_built_pygraph():
+    with pytest.raises(TypeError, match="graph must be a cudnn.pygraph built with graph.build.*got object.*register_graph"):
+        tch.register_built_graph(object(), [], [], device="cuda:0")
+    graph = cudnn.pygraph()
+    x = graph.tensor(name="x", dim=[1, 8, 8], stride=[64, 8, 1], data_type=cudnn.data_type.HALF)
+    y = graph.relu(x).set_output(True)
+    with pytest.raises(ValueError, match=r"the cudnn.pygraph is not built .*call graph.build\(\[cudnn.heur_mode.A\]\) first"):
+        tch.register_built_graph(graph, [x], [y], device="cuda:0")

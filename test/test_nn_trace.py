@@ -13,8 +13,7 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_cudnn_handle.demo import fake_cuda_module
-from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
+from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, fake_cuda_module, reference_of, sdpa, sdpa_reference
 
 DTYPE = torch.bfloat16
 
@@ -47,7 +46,7 @@ def execute_calls(graph_module) -> int:
 def test_forward_traces_on_fake_cuda_tensors(name):
     make, shape, forward_calls, _ = MODULES[name]
     fake_mode = FakeTensorMode()
-    module = fake_cuda_module(make("meta"), fake_mode)
+    module = fake_cuda_module(make, fake_mode=fake_mode)
     with fake_mode:
         x = torch.empty(shape, dtype=DTYPE, device="cuda")
     backend = AotEagerAndRecordGraphs()
@@ -143,3 +142,64 @@ def test_reference_of_copies_the_parameters():
     assert block.state_dict().keys() == reference.state_dict().keys()
     for (name, p), q in zip(block.named_parameters(), reference.parameters()):
         assert torch.equal(p, q) and p.data_ptr() != q.data_ptr(), name
+
+
+# -- wrong arguments are refused in Python, so on fake tensors (a trace) too -------------
+
+
+def _traced(fn, *fake_args):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aot_eager", fullgraph=True)(*fake_args)
+
+
+def test_fused_linear_refuses_another_width_at_trace_time():
+    words = r"FusedLinear: the input is \[2, 16, 63\], but this layer takes in_features=64.*pass \[\.\.\., 64\] or build FusedLinear\(63, 32\)"
+    with pytest.raises(ValueError, match=words):
+        FusedLinear(64, 32, device="meta", dtype=DTYPE)(torch.empty(2, 16, 63, dtype=DTYPE, device="meta"))
+    fake_mode = FakeTensorMode()
+    module = fake_cuda_module(FusedLinear, 64, 32, fake_mode=fake_mode, dtype=DTYPE)
+    with fake_mode:
+        x = torch.empty(2, 16, 63, dtype=DTYPE, device="cuda")
+    with pytest.raises(Exception, match=words):
+        _traced(module, x)
+
+
+def test_fused_linear_refuses_an_input_of_another_dtype_at_trace_time():
+    words = r"FusedLinear: the input is float16, but the weights are bfloat16.*x.to\(torch.bfloat16\) or module.to\(torch.float16\)"
+    with pytest.raises(TypeError, match=words):
+        FusedLinear(64, 32, device="meta", dtype=torch.bfloat16)(torch.empty(2, 16, 64, dtype=torch.float16, device="meta"))
+    fake_mode = FakeTensorMode()
+    module = fake_cuda_module(FusedLinear, 64, 32, fake_mode=fake_mode, dtype=torch.bfloat16)
+    with fake_mode:
+        x = torch.empty(2, 16, 64, dtype=torch.float16, device="cuda")
+    with pytest.raises(Exception, match=words):
+        _traced(module, x)
+
+
+@pytest.mark.parametrize(
+    "dtypes, head_dim, error, words",
+    [
+        ((DTYPE, DTYPE, DTYPE), 60, ValueError, r"the head dim D of q is 60 \(q.shape\[-1\]\), not a multiple of 8.*pad it"),
+        ((torch.float32,) * 3, 64, TypeError, r"q, k and v are float32; cuDNN attention takes float16 or bfloat16.*q.to\(torch.bfloat16\)"),
+        ((DTYPE, torch.float16, DTYPE), 64, TypeError, "must have one dtype, got q bfloat16, k float16, v bfloat16"),
+    ],
+)
+def test_sdpa_refuses_what_cudnn_attention_cannot_take_at_trace_time(dtypes, head_dim, error, words):
+    def make(dtype, device):
+        return torch.empty(2, 4, 32, head_dim, dtype=dtype, device=device)
+
+    with pytest.raises(error, match=words):
+        sdpa(*(make(d, "meta") for d in dtypes))
+    with FakeTensorMode():
+        q, k, v = (make(d, "cuda") for d in dtypes)
+    with pytest.raises(Exception, match=words):
+        _traced(sdpa, q, k, v)
+
+
+def test_fake_cuda_module_gives_fake_cuda_parameters_and_buffers():
+    fake_mode = FakeTensorMode()
+    block = fake_cuda_module(TransformerBlock, 64, 2, fake_mode=fake_mode, dtype=DTYPE)
+    tensors = list(block.parameters()) + list(block.buffers())
+    assert tensors and all(t.device.type == "cuda" and t.dtype == DTYPE and t.fake_mode is fake_mode for t in tensors)
+    shapes = {n: tuple(p.shape) for n, p in TransformerBlock(64, 2, device="meta", dtype=DTYPE).named_parameters()}
+    assert {n: tuple(p.shape) for n, p in block.named_parameters()} == shapes

@@ -336,6 +336,22 @@ def test_bad_calls_raise_clearly_and_the_next_good_call_works():
     torch.testing.assert_close(execute(good)[0], linear_relu_reference(*good), **TOLERANCE)
 
 
+def test_wrong_arguments_on_cuda_tensors_are_named_and_the_next_good_call_works():
+    good = linear_inputs()
+    x, w, b = good
+    scale = tch.register_graph(lambda g, x, s: g.mul(x, s), name="scale_gpu")
+    with pytest.raises(ValueError, match=r"input 1 of graph 'scale_gpu' is a 0-dim tensor on cuda:\d.*t.reshape\(1\)"):
+        execute([x, torch.tensor(2.0, dtype=x.dtype, device=x.device)], graph=scale)
+    with pytest.raises(TypeError, match=r"inputs\[2\] of graph 'linear_relu' is NoneType, not a tensor"):
+        tch.execute(LINEAR_RELU, [x, w, None])
+    with pytest.raises(TypeError, match="graph must be an int id"):
+        tch.execute(2**63, good)
+    (y,) = execute(good)
+    with pytest.raises(ValueError, match="has 1 outputs, got 2 out tensors"):
+        tch.execute_out(LINEAR_RELU, good, out=[y, y.clone()])
+    torch.testing.assert_close(execute(good)[0], linear_relu_reference(*good), **TOLERANCE)
+
+
 def test_the_cache_is_bounded_and_counts_evictions():
     gid = tch.register_graph(linear_relu, name="bounded")
     old_capacity = tch.registry_stats()["capacity"]

@@ -162,3 +162,18 @@ def test_tuning_stats_are_a_snapshot_with_the_documented_counters():
     stats["tuned"] = -1
     again = plan_tuning.tuning_stats()
     assert "mine" not in again["entries"] and again["tuned"] >= 0
+
+
+def test_set_plan_tuning_refuses_what_is_not_a_bool(process_settings):
+    with pytest.raises(TypeError, match=r"set_plan_tuning: enabled must be True or False, got 'yes' \(str\)"):
+        plan_tuning.set_plan_tuning("yes")
+    with pytest.raises(TypeError, match="got 1 \\(int\\)"):
+        plan_tuning.set_plan_tuning(1)
+
+
+def test_set_plan_tuning_refuses_a_cache_file_in_a_missing_directory(process_settings, tmp_path):
+    before = plan_tuning.cache_path(), plan_tuning.tuning_enabled()
+    missing = tmp_path / "no" / "such" / "dir" / "plans.json"
+    with pytest.raises(ValueError, match=f"cache_file '{missing}' is in a directory that does not exist .*create it first"):
+        plan_tuning.set_plan_tuning(True, cache_file=missing)
+    assert (plan_tuning.cache_path(), plan_tuning.tuning_enabled()) == before  # nothing half-applied

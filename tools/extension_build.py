@@ -1,10 +1,23 @@
 """How this repository compiles C++ against torch, for setup.py (the shipped _C) and for the
 test- and bench-only extensions (test/csrc, bench/csrc) that never ship."""
 
+import hashlib
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def environment_tag() -> str:
+    """What compiled objects depend on besides their sources: the Python, the torch, CUDA or
+    not, and the environment itself (a hash of ``sys.prefix``: its include folder is on every
+    compile line), e.g. "py311-torch2.13.0+cpu-cpu-1a2b3c4d". Each environment keeps its
+    objects under a folder of this name in build/, so two never rebuild each other's."""
+    import torch
+
+    cuda = f"cuda{torch.version.cuda}" if torch.version.cuda else "cpu"
+    prefix = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
+    return f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{cuda}-{prefix}"
 
 
 def shared_libstdcxx() -> list:
@@ -34,13 +47,12 @@ def cudnn_include_dirs() -> list:
 def load_auxiliary(name: str, sources: list, *, kind: str, with_cuda: bool, extra_cflags=("-O2",)):
     """A test- or bench-only extension (``kind``: "test" or "bench"), compiled on first use
     with torch.utils.cpp_extension.load (needs ninja) against csrc/'s headers, cached under
-    build/<kind>_extensions/<python, torch>/<name> and rebuilt only when its sources or flags
+    build/<kind>_extensions/<environment_tag()>/<name> and rebuilt only when its sources or flags
     change."""
     import torch
     from torch.utils.cpp_extension import load
 
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
-    build_directory = os.path.join(ROOT, "build", f"{kind}_extensions", tag, name)
+    build_directory = os.path.join(ROOT, "build", f"{kind}_extensions", environment_tag(), name)
     os.makedirs(build_directory, exist_ok=True)
     return load(
         name=f"torch_cudnn_handle_{name}",

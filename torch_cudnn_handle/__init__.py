@@ -15,6 +15,10 @@ from ._version import __version__
 import torch  # noqa: F401  -- before _C, which links against libtorch
 import cudnn  # noqa: F401  -- loads libcudnn, which the pool takes its handles from
 
+from ._extension import load_extension
+
+_C = load_extension()  # a clear ImportError when _C is missing or was built for another torch
+
 from .pool import PooledHandle, bind_context, current_handle, pool_stats, release_workspaces, with_cuda
 
 __all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "release_workspaces", "with_cuda"]

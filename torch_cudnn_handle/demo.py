@@ -53,23 +53,11 @@ def main(verbose: bool = False) -> int:
 # Without a GPU: trace
 
 
-def fake_cuda_module(module: torch.nn.Module, fake_mode) -> torch.nn.Module:
-    """``module`` (built on the meta device) with fake CUDA parameters that need no
-    grad: a CPU torch can neither initialize CUDA tensors nor give fake CUDA tensors
-    autograd metadata, and a forward trace needs neither."""
-    with fake_mode:
-        for owner in module.modules():
-            for name, parameter in list(owner.named_parameters(recurse=False)):
-                fake = torch.empty(parameter.shape, dtype=parameter.dtype, device="cuda")
-                setattr(owner, name, torch.nn.Parameter(fake, requires_grad=False))
-    return module
-
-
 def _trace_without_gpu(verbose: bool) -> int:
     from torch._dynamo.testing import AotEagerAndRecordGraphs
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .nn import TransformerBlock
+    from .nn import TransformerBlock, fake_cuda_module
     from .registry import graph_name
 
     print("\ndemo: no CUDA GPU here, so the TransformerBlock is traced instead of trained")
@@ -77,7 +65,7 @@ def _trace_without_gpu(verbose: bool) -> int:
     row("input", f"fake CUDA bf16 [{BATCH}, {SEQ}, {DIM}]; nothing is built or run (the op's fake kernel describes each graph)")
     torch._dynamo.reset()
     fake_mode = FakeTensorMode()
-    block = fake_cuda_module(TransformerBlock(DIM, HEADS, MLP_RATIO, device="meta", dtype=torch.bfloat16), fake_mode)
+    block = fake_cuda_module(TransformerBlock, DIM, HEADS, MLP_RATIO, fake_mode=fake_mode, dtype=torch.bfloat16)
     with fake_mode:
         x = torch.empty(BATCH, SEQ, DIM, dtype=torch.bfloat16, device="cuda")
     backend = AotEagerAndRecordGraphs()

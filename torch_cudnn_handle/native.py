@@ -116,6 +116,8 @@ class _Reader:
 
 
 def decode_ubjson(data: bytes) -> Any:
+    """The one value UBJSON ``data`` holds (what ``graph.serialize(as_bytes=True)`` returns)
+    as Python dicts, lists and scalars; a ValueError if bytes follow it."""
     reader = _Reader(bytes(data))
     value = reader.value()
     if reader.at != len(reader.data):

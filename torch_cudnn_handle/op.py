@@ -51,6 +51,8 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
                 f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}{_host_scalar_rule(tensor)}; cuDNN "
                 "graphs run on CUDA tensors, all on one device. Move it with .to('cuda:N')."
             )
+        if tensor.dim() == 0:
+            raise _zero_dim_error(graph_id, i, tensor)
         if device is None:
             device = where.index
         elif where.index != device:
@@ -73,6 +75,16 @@ def _host_scalar_rule(tensor: torch.Tensor) -> str:
     return (
         f" with {tensor.numel()} elements, and a CPU input must be a host scalar (a 0-dim or one-element CPU tensor, "
         "passed to the graph by value)"
+    )
+
+
+def _zero_dim_error(graph_id: int, index: int, tensor: torch.Tensor) -> ValueError:
+    """A cuDNN graph tensor has at least one dimension (the frontend's own error is
+    "Tensor 'input0' dims not set"). Only device tensors reach here: a CPU input is refused
+    as such before."""
+    return ValueError(
+        f"cudnn_fe.execute: input {index} of graph {_graph_label(graph_id)} is a 0-dim tensor on {tensor.device}; a cuDNN "
+        "graph's tensors have at least one dimension. Pass it as a [1]-shaped tensor (t.reshape(1))."
     )
 
 
@@ -141,16 +153,7 @@ def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = _built_for_call(graph, inputs)
-    expected = built.layout.outputs
-    if len(out) != len(expected):
-        raise ValueError(f"cudnn_fe.execute.out: graph {_graph_label(graph)} has {len(expected)} outputs, got {len(out)} out tensors")
-    for i, (tensor, spec) in enumerate(zip(out, expected)):
-        if tensor.device != _device(built) or TensorSpec.of(tensor) != spec:
-            raise ValueError(
-                f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is {TensorSpec.of(tensor).describe()} on "
-                f"{tensor.device}, but the graph writes {spec.describe()} on {_device(built)}; allocate it with "
-                "torch.empty_strided(shape, stride, dtype=..., device=...)."
-            )
+    _check_out(graph, built.layout, out, _device(built))
     if built.native and _C.run_native_out(graph, inputs, out):
         return
     staged = _aligned(out)
@@ -158,6 +161,25 @@ def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch
     for target, written in zip(out, staged):
         if written is not target:
             target.copy_(written)
+
+
+def _check_out(graph: int, layout, out: Sequence[torch.Tensor], device: torch.device) -> None:
+    """``out`` must be the graph's outputs exactly: their count, and each one's shape,
+    strides and dtype on the inputs' device. The CUDA and the fake kernel both check."""
+    expected = layout.outputs
+    if len(out) != len(expected):
+        raise ValueError(
+            f"cudnn_fe.execute.out: graph {_graph_label(graph)} has {len(expected)} outputs, got {len(out)} out tensors; "
+            "pass one tensor per output"
+        )
+    for i, (tensor, spec) in enumerate(zip(out, expected)):
+        given = symbolic.hint_specs([tensor])[0]  # no specialization under dynamic shapes; the real call checks again
+        if tensor.device != device or given != spec:
+            raise ValueError(
+                f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is {given.describe()} on "
+                f"{tensor.device}, but the graph writes {spec.describe()} on {device}; allocate it with "
+                "torch.empty_strided(shape, stride, dtype=..., device=...)."
+            )
 
 
 def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
@@ -174,6 +196,9 @@ def _cuda_index(device: torch.device):
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
     """The layout at the inputs' sizes (their hints under dynamic shapes: no specialization)."""
     device = _call_device(graph, inputs)
+    for i, tensor in enumerate(inputs):
+        if tensor.dim() == 0 and not is_host_scalar(tensor):
+            raise _zero_dim_error(graph, i, tensor)
     return _registry.layout(graph, symbolic.hint_specs(inputs), _cuda_index(device))
 
 
@@ -215,14 +240,8 @@ def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
-    _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
-    device = _call_device(graph, inputs)
-    for i, tensor in enumerate(out):
-        if tensor.device != device:
-            raise ValueError(
-                f"cudnn_fe.execute.out: out[{i}] of graph {_graph_label(graph)} is on {tensor.device}, but the graph "
-                f"writes on {device}; allocate it there."
-            )
+    layout = _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
+    _check_out(graph, layout, out, _call_device(graph, inputs))
     return None
 
 
@@ -297,13 +316,50 @@ def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     torch.ops' generic argument parsing; under torch.compile, under a
     ``TorchFunctionMode`` and for tensor subclasses with ``__torch_function__`` it is
     the op itself, so tracing, modes and subclasses see ``cudnn_fe.execute`` either way."""
-    if _has_torch_function(inputs) or torch.compiler.is_compiling():
+    try:
+        routed = _has_torch_function(inputs)  # a TypeError for inputs that are not a sequence
+    except TypeError as error:
+        raise _argument_error(graph, inputs=inputs) or error from None
+    if routed or torch.compiler.is_compiling():
         return torch.ops.cudnn_fe.execute.default(graph, inputs)
-    return _C.execute(graph, inputs)
+    try:
+        return _C.execute(graph, inputs)
+    except TypeError as error:  # pybind11 refused an argument: say which, off the hot path
+        raise _argument_error(graph, inputs=inputs) or error from None
 
 
 def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute`."""
-    if _has_torch_function((*inputs, *out)) or torch.compiler.is_compiling():
+    try:
+        routed = _has_torch_function(inputs) or _has_torch_function(out)
+    except TypeError as error:
+        raise _argument_error(graph, inputs=inputs, out=out) or error from None
+    if routed or torch.compiler.is_compiling():
         return torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)
-    _C.execute_out(graph, inputs, out=out)
+    try:
+        _C.execute_out(graph, inputs, out=out)
+    except TypeError as error:
+        raise _argument_error(graph, inputs=inputs, out=out) or error from None
+
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def _argument_error(graph, **tensor_lists) -> "TypeError | None":
+    """What is wrong with the arguments pybind11 could not convert ("incompatible function
+    arguments"), named: the graph id, or the element of ``inputs``/``out`` that is not a tensor."""
+    if not isinstance(graph, int) or graph not in _INT64:
+        return TypeError(
+            f"cudnn_fe.execute: graph must be an int id from register_graph() (a signed 64-bit int), got {graph!r} "
+            f"({type(graph).__name__})"
+        )
+    for argument, tensors in tensor_lists.items():
+        if not isinstance(tensors, (list, tuple)):
+            return TypeError(f"cudnn_fe.execute: {argument} must be a list of tensors, got {type(tensors).__name__}")
+        for i, tensor in enumerate(tensors):
+            if not isinstance(tensor, torch.Tensor):
+                return TypeError(
+                    f"cudnn_fe.execute: {argument}[{i}] of graph {_graph_label(graph)} is {type(tensor).__name__}, not a "
+                    f"tensor; pass a list of tensors (a Python number as a host scalar: torch.tensor(value))"
+                )
+    return None

@@ -106,10 +106,11 @@ if with_cuda:
     pool_stats = _C.pool_stats
     bind_context = _C.bind_context
 else:
+    # This build has no pool: each function refuses (a bad device is still reported as
+    # such) or reports an empty pool, under the CUDA build's docstring (csrc/pool/pool_docs.h).
 
     def current_handle(device=None, stream=None):
-        """See the CUDA build's docstring; this build has no pool."""
-        _C.parse_device(device)  # a bad device is reported as such on any build
+        _C.parse_device(device)
         _cpu_build_error()
 
     def pool_stats():
@@ -118,3 +119,10 @@ else:
     def bind_context(device=None, stream=None):
         _C.parse_device(device)
         _cpu_build_error()
+
+    for _function in (current_handle, pool_stats, bind_context):
+        _function.__doc__ = _C.pool_docs[_function.__name__] + (
+            "\n\nThis build of torch_cudnn_handle has no CUDA, so no pool: "
+            + ("it holds no handles." if _function is pool_stats else "this raises RuntimeError (after checking ``device``).")
+        )
+    del _function

@@ -9,6 +9,7 @@
 #include "context/context_guard.h"
 #include "pool/cudnn_handle_pool.h"
 #include "pool/device_arguments.h"
+#include "pool/pool_docs.h"
 
 namespace py = pybind11;
 
@@ -80,21 +81,9 @@ void bind_pool(py::module& m) {
     handle_factory = new py::object(std::move(factory));
   });
   m.def("current_handle", &current_handle, py::arg("device") = py::none(), py::arg("stream") = py::none(),
-        R"doc(This thread's pooled cuDNN handle for ``device``, ready to execute on ``stream``.
-
-``device``: None (torch's current device), an int ordinal, ``"cuda:N"`` or a
-``torch.device``. ``stream``: None (torch's current stream on that device), a
-``torch.cuda.Stream`` or its ``cuda_stream`` int. On return the handle's stream is
-``stream`` (``cudnnSetStream`` ran only if it changed). The calling thread's CUDA context
-(and so torch's current device) is left as it was, except that a thread with no context
-at all gets the device's. To run the frontend's own ``graph.execute`` with a handle of
-another device, do it under ``torch.cuda.device(device)``. A CPU device, an out-of-range
-ordinal or a stream of another device raises; so does the first request of a thread
-while its stream is capturing a CUDA graph (warm up first), and any request in a child
-forked after handles existed.)doc");
+        pool_docs::kCurrentHandle);
   m.def("pool_stats", &pool_stats,
-        "{'devices': {ordinal: {'created', 'in_use', 'free'}}, 'set_stream_calls': n}: what the pool "
-        "made per device, how many of those live threads hold, and how often it called cudnnSetStream.");
+        pool_docs::kPoolStats);
   m.def(
       "bind_context",
       [](py::handle device_arg, py::handle stream_arg) {
@@ -103,10 +92,7 @@ forked after handles existed.)doc");
         context::bind(device, parse_stream(stream_arg, device).stream, nullptr);
       },
       py::arg("device") = py::none(), py::arg("stream") = py::none(),
-      "Make the right CUDA context current on this thread for work of `device` on `stream` "
-      "(a real stream's own context, else the device's) and leave it current, for callers that "
-      "launch through the driver themselves. The one call of this library that changes the "
-      "caller's context on purpose.");
+      pool_docs::kBindContext);
   m.def("current_context_device", &context::current_context_device,
         "The device of the CUDA context current on this thread, or -1 when none is.");
   m.def("forked_after_handles", &forked_after_handles,

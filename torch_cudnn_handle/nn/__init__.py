@@ -14,12 +14,16 @@ through autograd and run on any thread (the handle pool and context guard of
   softmax stats) and one sdpa_backward graph;
 * ``TransformerBlock(dim, heads, mlp_ratio)``: a pre-norm block of the above.
 
+``fake_cuda_module(cls, *args, fake_mode=..., **kwargs)`` builds any of them with fake
+CUDA parameters, to trace it under ``torch.compile`` without a GPU (``fake.py``).
+
 ``reference_of(module)`` is the same function in plain torch, with a copy of the
 parameters (``reference.py``).
 """
 
 from .attention import Attention, sdpa
 from .block import TransformerBlock
+from .fake import fake_cuda_module
 from .linear import FusedLinear
 from .norm import RMSNorm
 from .reference import (
@@ -37,6 +41,7 @@ __all__ = [
     "sdpa",
     "Attention",
     "TransformerBlock",
+    "fake_cuda_module",
     "LinearReference",
     "RMSNormReference",
     "sdpa_reference",

@@ -125,9 +125,35 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     Differentiable (the backward is the sdpa_backward graph); a call that needs no
     gradient runs the inference graph, which writes no softmax statistics.
     """
+    _check_sdpa_inputs(q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return execute(SDPA_GRAPHS[bool(causal)], [q, k, v])[0]
     return execute(SDPA_INFERENCE_GRAPHS[bool(causal)], [q, k, v])[0]
+
+
+_SDPA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_sdpa_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What cuDNN's sdpa takes, checked in Python so a trace (fake tensors) fails here too."""
+    named = {"q": q, "k": k, "v": v}
+    for name, t in named.items():
+        if t.dim() != 4:
+            raise ValueError(f"sdpa: {name} is {list(t.shape)}; q, k and v are [B, H, S, D] (4-D)")
+    dtypes = {name: str(t.dtype).replace("torch.", "") for name, t in named.items()}
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(
+            f"sdpa: q, k and v must have one dtype, got {', '.join(f'{n} {d}' for n, d in dtypes.items())}; cast them to "
+            "one of float16, bfloat16"
+        )
+    if q.dtype not in _SDPA_DTYPES:
+        raise TypeError(f"sdpa: q, k and v are {dtypes['q']}; cuDNN attention takes float16 or bfloat16: cast them, e.g. q.to(torch.bfloat16)")
+    for name, t in named.items():
+        if t.shape[-1] % 8:
+            raise ValueError(
+                f"sdpa: the head dim D of {name} is {t.shape[-1]} ({name}.shape[-1]), not a multiple of 8, which cuDNN "
+                "attention needs; pad it, or pick heads so that dim / heads is a multiple of 8"
+            )
 
 
 class Attention(nn.Module):

@@ -159,6 +159,19 @@ class FusedLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Plain Python checks on shape and dtype: they run on fake tensors too, so a trace fails here.
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"FusedLinear: the input is {list(x.shape)}, but this layer takes in_features={self.in_features} "
+                f"(the input's last dimension); pass [..., {self.in_features}] or build FusedLinear("
+                f"{x.shape[-1] if x.dim() else '...'}, {self.out_features})"
+            )
+        if x.dtype != self.weight.dtype:
+            raise TypeError(
+                f"FusedLinear: the input is {str(x.dtype).replace('torch.', '')}, but the weights are "
+                f"{str(self.weight.dtype).replace('torch.', '')} (one cuDNN graph takes one io type); cast one of them: "
+                f"x.to({self.weight.dtype}) or module.to({x.dtype})"
+            )
         lead = x.shape[:-1]
         rows = x.reshape(1, -1, self.in_features)  # [1, B*M, K]; a view of a contiguous x
         weight = self.weight.unsqueeze(0).mT  # [1, K, N] view of [N, K]

@@ -53,11 +53,21 @@ _process_cache_file: Optional[str] = None  # None: TORCH_CUDNN_HANDLE_TUNING_CAC
 
 def set_plan_tuning(enabled: bool, cache_file: Optional[str] = None) -> None:
     """Tune graphs built from now on (those registered with ``tune=False`` excepted);
-    ``cache_file`` replaces the cache file's path (None keeps the current one)."""
+    ``cache_file`` replaces the cache file's path (None keeps the current one); its
+    directory must exist."""
     global _process_enabled, _process_cache_file
-    _process_enabled = bool(enabled)
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_plan_tuning: enabled must be True or False, got {enabled!r} ({type(enabled).__name__})")
     if cache_file is not None:
-        _process_cache_file = os.fspath(cache_file)
+        cache_file = os.fspath(cache_file)
+        directory = os.path.dirname(os.path.abspath(cache_file))
+        if not os.path.isdir(directory):
+            raise ValueError(
+                f"set_plan_tuning: cache_file {cache_file!r} is in a directory that does not exist ({directory}); "
+                "create it first (os.makedirs) or pass a path in an existing directory"
+            )
+        _process_cache_file = cache_file
+    _process_enabled = enabled
 
 
 def resolve_tuning(per_graph: Optional[bool], process: Optional[bool], environ: Mapping[str, str]) -> bool:
@@ -73,10 +83,14 @@ def resolve_cache_path(process: Optional[str], environ: Mapping[str, str]) -> st
 
 
 def tuning_enabled(per_graph: Optional[bool] = None) -> bool:
+    """Whether a graph registered with ``tune=per_graph`` is tuned now (per graph, then
+    ``set_plan_tuning``, then ``TORCH_CUDNN_HANDLE_TUNE``)."""
     return resolve_tuning(per_graph, _process_enabled, os.environ)
 
 
 def cache_path() -> str:
+    """The tuning cache file in use (``set_plan_tuning``'s, ``TORCH_CUDNN_HANDLE_TUNING_CACHE``
+    or ~/.cache/torch_cudnn_handle/plan_tuning.json)."""
     return resolve_cache_path(_process_cache_file, os.environ)
 
 

@@ -161,6 +161,7 @@ def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *
 
 
 def graph_name(graph_id: int) -> str:
+    """The name a graph was registered under (its builder's name unless ``name=`` was given)."""
     return _registry.definition(graph_id).name
 
 
@@ -177,7 +178,9 @@ def set_native_path(enabled: bool) -> None:
 
 
 def built_graphs(graph_id: int) -> list:
-    """The cached BuiltGraph objects of ``graph_id`` (one per device and input layout)."""
+    """The cached BuiltGraph objects of ``graph_id`` (one per device and input layout);
+    an unknown id raises."""
+    _registry.definition(graph_id)  # an unknown id is an error, not "nothing built yet"
     return _registry.built_of(graph_id)
 
 

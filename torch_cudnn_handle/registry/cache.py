@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
+import cudnn
 import torch
 
 from .. import _C
@@ -123,6 +124,18 @@ class GraphRegistry:
         return graph_id
 
     def register_built(self, graph, inputs, outputs, *, device, name=None) -> int:
+        if not isinstance(graph, cudnn.pygraph):
+            raise TypeError(
+                f"register_built_graph: graph must be a cudnn.pygraph built with graph.build(...), got "
+                f"{type(graph).__name__}; to hand over a builder function, use register_graph(builder)"
+            )
+        try:
+            workspace_size = int(graph.get_workspace_size())
+        except RuntimeError as error:  # the frontend's "Call build() first"
+            raise ValueError(
+                f"register_built_graph: the cudnn.pygraph is not built ({error}); call graph.build([cudnn.heur_mode.A]) "
+                "first, or register_graph(builder) so the registry builds it per device"
+            ) from None
         ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
         if ordinal is None:
             raise ValueError("register_built_graph: name the device the graph was built for, e.g. device='cuda:0'")
@@ -134,7 +147,7 @@ class GraphRegistry:
             inputs=in_specs,
             layout=GraphLayout(out_specs, tuple(range(len(out_specs)))),
             uids=tuple(t.uid for t in list(inputs) + list(outputs)),
-            workspace_size=int(graph.get_workspace_size()),
+            workspace_size=workspace_size,
         )
         return self._add(dict(name=name or "built_graph", builder=None, params={}, num_inputs=len(in_specs), built=built))
 

@@ -82,13 +82,26 @@ def describing_handle(device: Optional[int]):
     return current_handle(torch.cuda.current_device() if device is None else device)
 
 
+def _returned_tensors(definition: _Definition, result) -> list:
+    """A builder's result as a list: one ``cudnn.Tensor``, or a list or tuple of them
+    (None where an output is skipped). Anything else is the builder's mistake, named."""
+    fix = "return the cudnn.Tensor a graph node gave (e.g. graph.relu(x)), or a list of them"
+    if isinstance(result, cudnn.Tensor):
+        return [result]
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"graph {definition.name!r}: the builder returned {type(result).__name__} ({result!r:.40}); {fix}")
+    for i, tensor in enumerate(result):
+        if tensor is not None and not isinstance(tensor, cudnn.Tensor):
+            raise TypeError(f"graph {definition.name!r}: element {i} of what the builder returned is {type(tensor).__name__}; {fix}")
+    return list(result)
+
+
 def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
     """Run the definition's builder on a fresh graph description for ``specs``."""
     io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
     graph = cudnn.pygraph(name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle)
     inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
-    result = definition.builder(graph, *inputs, **definition.params)
-    returned = [result] if isinstance(result, cudnn.Tensor) else list(result)
+    returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []
     for position, tensor in enumerate(returned):
         if tensor is not None:
