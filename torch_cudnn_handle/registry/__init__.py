@@ -9,6 +9,8 @@ definition; the registry turns a definition and a call's inputs into a built gra
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
+  * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
+    ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
   * here: the public API on the one process-wide registry, and its atexit hook.
 
 Every function here is thread-safe.
@@ -22,9 +24,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from .. import _C
-from . import description
+from . import description, kernel_caches
 from .build import BuiltGraph
 from .cache import GraphRegistry
+from .kernel_caches import set_dynamic_shapes
+from .plan_store import set_plan_cache
 from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
@@ -39,6 +43,8 @@ __all__ = [
     "set_cache_capacity",
     "set_native_path",
     "built_graphs",
+    "set_dynamic_shapes",
+    "set_plan_cache",
 ]
 
 _describe = description._describe  # registry._describe: tests and bench describe graphs through it
@@ -55,6 +61,7 @@ def _drop_built_graphs() -> None:
     if _C.with_cuda and _C.forked_after_handles():
         return
     _registry.drop_built()
+    kernel_caches.clear()
 
 
 def register_graph(
@@ -68,6 +75,7 @@ def register_graph(
     differentiable_outputs: Optional[Sequence[int]] = None,
     materialize_grads: bool = True,
     tune: Optional[bool] = None,
+    dynamic_shapes: Optional[bool] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -118,11 +126,18 @@ def register_graph(
     for an op without a deterministic implementation. A builder that has a
     deterministic variant of its own (the sdpa backward's) reads
     ``torch.are_deterministic_algorithms_enabled()``.
+
+    ``dynamic_shapes=True`` describes the graph (and its backward) with dynamic shapes
+    and builds it with a kernel cache shared by every layout of the same structure, so a
+    new sequence length or token count reuses compiled kernels; None follows
+    ``set_dynamic_shapes()`` / ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES`` (default off). A
+    graph whose build with the cache fails is built statically; ``built_graphs(id)``
+    says which ``route`` served each layout, and why.
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, **params,
+        tune=tune, dynamic_shapes=dynamic_shapes, **params,
     )
 
 
@@ -138,8 +153,11 @@ def graph_name(graph_id: int) -> str:
 
 
 def registry_stats() -> dict:
-    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity,
-    and how many cached graphs run natively (from C++) or on the Python path."""
+    """Counters of the built-graph cache: hits, misses, builds (graphs built, not loaded),
+    evictions, cached, capacity, and how many cached graphs run natively (from C++) or
+    on the Python path; ``routes``: graphs obtained per route ("static", "kernel_cache",
+    "disk_cache"); ``plan_seconds``: the time spent obtaining them; the plan store's
+    ``disk_hits``, ``disk_misses``, ``disk_writes``, ``disk_rejected``, ``disk_write_errors``."""
     return _registry.stats()
 
 

@@ -3,9 +3,11 @@
 ``_build`` runs on the calling thread (cache.py makes sure one thread per key does),
 inside ``build_scope(device)``, with that thread's pooled handle for the device:
 
-  * the description is built with plan_tuning.build_graph (untuned: exactly
-    ``graph.build([A, FALLBACK])``); under torch.use_deterministic_algorithms(True),
-    among the engines cuDNN does not mark NONDETERMINISTIC only;
+  * the graph is obtained by routes.py: loaded from the plan store, or described and
+    built with plan_tuning.build_graph (untuned: exactly ``graph.build([A, FALLBACK])``),
+    with a kernel cache under dynamic shapes; under torch.use_deterministic_algorithms(True),
+    among the engines cuDNN does not mark NONDETERMINISTIC only; ``route`` and
+    ``build_seconds`` say how, and how long it took;
   * the build must write every output in the layout its description reported (the op
     allocates outputs, and the fake kernel reports them, from the description);
   * a backend-served plan is handed to the native path (``native.backend_plan_of``,
@@ -20,14 +22,14 @@ registered built graph refuses inputs on another device.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Optional, Sequence, Tuple
-
-import cudnn
 
 from .. import _C, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
-from .description import _Definition, _describe
+from .description import _Definition
+from .routes import obtain
 from .specs import _TORCH_OF_CUDNN, GraphLayout, TensorSpec
 
 
@@ -48,25 +50,30 @@ class BuiltGraph:
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
+    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "disk_cache" (routes.py)
+    route_reason: str = ""  # why that route
+    build_seconds: float = 0.0  # wall time to obtain it: describe, build or load, native registration
 
 
 def _build(
     definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False
 ) -> BuiltGraph:
+    started = time.perf_counter()
     with build_scope(device) as handle:
         try:
-            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, deterministic)
+            obtained = obtain(definition, device, specs, handle, deterministic)
         except Exception:
             if not deterministic:
                 raise
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
-            graph, outputs, layout, uids, choice = _describe_and_build(definition, device, specs, handle, False)
+            obtained = obtain(definition, device, specs, handle, False)
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
+        graph, outputs, layout, uids, choice = obtained.graph, obtained.outputs, obtained.layout, obtained.uids, obtained.choice
         _check_built_layout(definition, outputs, layout)
         workspace = int(graph.get_workspace_size())
-        engine = _engine_of(graph)
+        engine = obtained.engine or _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
         if native_enabled:
             spec, reason = backend_plan_of(graph, uids)
@@ -83,34 +90,9 @@ def _build(
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
-        deterministic=deterministic,
+        deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
+        build_seconds=time.perf_counter() - started,
     )
-
-
-def _describe_and_build(definition: _Definition, device: int, specs, handle, deterministic: bool):
-    """A fresh description for ``specs``, built (``deterministic``: among the engines
-    cuDNN does not mark non-deterministic only)."""
-
-    def describe():
-        described = _describe(definition, specs, handle)
-        if deterministic:
-            described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
-        return described
-
-    graph, inputs, outputs, layout = describe()
-    uids = tuple(t.uid for t in inputs + outputs)
-    choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
-        graph,
-        tune=definition.tune,
-        device=device,
-        handle=handle,
-        input_specs=_layouts(specs),
-        output_specs=_layouts(layout.outputs),
-        uids=uids,
-        name=definition.name,
-        fresh_graph=lambda: describe()[0],
-    )
-    return graph, outputs, layout, uids, choice
 
 
 def _engine_of(graph) -> str:

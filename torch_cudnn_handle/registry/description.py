@@ -40,6 +40,7 @@ class _Definition:
     backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
     built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
+    dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
@@ -95,14 +96,16 @@ def describing_handle(device: Optional[int]):
     return current_handle(torch.cuda.current_device() if device is None else device)
 
 
-def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
-    """Run the definition's builder on a fresh graph description for ``specs``."""
+def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None, **graph_options):
+    """Run the definition's builder on a fresh graph description for ``specs``;
+    ``graph_options``: more ``cudnn.pygraph`` arguments (routes.py: a kernel cache)."""
     graph = cudnn.pygraph(
         name=definition.name,
         io_data_type=torch_to_cudnn_data_type(_io_dtype(definition, specs)),
         intermediate_data_type=cudnn.data_type.FLOAT,
         compute_data_type=cudnn.data_type.FLOAT,
         handle=handle,
+        **graph_options,
     )
     inputs = [
         graph.tensor(name=f"input{i}", dim=list(s.shape), stride=list(s.stride), data_type=torch_to_cudnn_data_type(s.dtype))
