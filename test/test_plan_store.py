@@ -19,7 +19,7 @@ from torch_cudnn_handle.registry.plan_store import PlanStore, plan_key
 LAYOUT = [((2, 8, 136, 64), (69632, 8704, 64, 1), torch.bfloat16), ((2, 8, 136, 1), (1088, 136, 1, 1), torch.float32)]
 KEY_ARGS = dict(
     backend_version=91900, frontend_version="1.32.0", device="NVIDIA H200 sm90 132SMs", graph="ab12", name="nn_sdpa_causal",
-    params="[('causal', True)]", layout=LAYOUT, deterministic=False, dynamic_shapes=False,
+    params="[('causal', True)]", layout=LAYOUT, deterministic=False, dynamic_shapes=False, tuned=False,
 )
 
 
@@ -51,6 +51,7 @@ def test_the_key_names_everything_a_plan_depends_on():
         dict(layout=[((2, 8, 136, 64), (69632, 8704, 64, 1), torch.float16), LAYOUT[1]]),
         dict(deterministic=True),
         dict(dynamic_shapes=True),
+        dict(tuned=True),
     ]
     keys = [key(**variant) for variant in variants]
     assert len(set(keys + [base])) == len(variants) + 1

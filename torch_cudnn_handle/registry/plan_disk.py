@@ -68,7 +68,7 @@ def device_identity(device: int) -> str:
     return f"{props.name} sm{props.major}{props.minor} {props.multi_processor_count}SMs"
 
 
-def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministic: bool, dynamic_shapes: bool) -> Optional[str]:
+def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministic: bool, dynamic_shapes: bool, tuned: bool) -> Optional[str]:
     """The store key of ``graph`` (a description of ``definition``) for ``device``, or
     None when it cannot be named reliably (then it is neither loaded nor stored)."""
     try:
@@ -78,7 +78,7 @@ def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministi
         return plan_store.plan_key(
             backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__, device=device_identity(device),
             graph=fingerprint, name=definition.name, params=repr(sorted(definition.params.items())), layout=layout,
-            deterministic=deterministic, dynamic_shapes=dynamic_shapes,
+            deterministic=deterministic, dynamic_shapes=dynamic_shapes, tuned=tuned,
         )
     except Exception:  # noqa: BLE001 -- no key: the graph is built every time, as without the store
         return None

@@ -47,17 +47,18 @@ _SUFFIX = ".plan"
 
 def plan_key(
     *, backend_version: int, frontend_version: str, device: str, graph: str, name: str, params: str, layout, deterministic: bool,
-    dynamic_shapes: bool,
+    dynamic_shapes: bool, tuned: bool,
 ) -> str:
     """One JSON string naming everything a stored plan depends on: cuDNN's and the
     frontend's versions, the GPU (name, compute capability, SM count), the graph (a
     fingerprint of its description, the definition's name and its params' repr), the
-    operands' (shape, stride, dtype) in the op's order, determinism, and whether it was
-    described with dynamic shapes (which changes the heuristics' plan list)."""
+    operands' (shape, stride, dtype) in the op's order, determinism, whether it was
+    described with dynamic shapes (which changes the heuristics' plan list) and whether
+    its plan was tuned (plan_tuning/; an untuned process must get the heuristics' plan)."""
     operands = [[list(map(int, shape)), list(map(int, stride)), str(dtype).replace("torch.", "")] for shape, stride, dtype in layout]
     return json.dumps(
         dict(cudnn=int(backend_version), frontend=str(frontend_version), device=str(device), graph=str(graph), name=str(name),
-             params=str(params), operands=operands, deterministic=bool(deterministic), dynamic_shapes=bool(dynamic_shapes)),
+             params=str(params), operands=operands, deterministic=bool(deterministic), dynamic_shapes=bool(dynamic_shapes), tuned=bool(tuned)),
         sort_keys=True, separators=(",", ":"),
     )
 

@@ -57,7 +57,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
     graph, inputs, outputs, layout = describe(options)
     uids = tuple(t.uid for t in inputs + outputs)
     operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
-    key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic)
+    key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
 
     if key is not None:
         loaded = plan_disk.load_graph(key, definition.name, handle, uids, operands)
