@@ -101,7 +101,7 @@ def sdpa_part(steady_calls: int):
 
     candidates = ["library static", "library kernel_cache", *backends]
     results = _interleaved(candidates, LENGTHS, make_call, steady_calls)
-    builds = {f"library {route}": [b.build_seconds * 1e3 for g in (gid, tch.registry._registry.definition(gid).backward_id) for b in tch.built_graphs(g)]
+    builds = {f"library {route}": [b for g in (gid, tch.registry._registry.definition(gid).backward_id) for b in tch.built_graphs(g)]
               for route, gid in graphs.items()}
     return results, builds
 
@@ -133,7 +133,7 @@ def linear_part(steady_calls: int):
         return call
 
     results = _interleaved(["library static", "library kernel_cache", "torch linear+gelu"], TOKENS, make_call, steady_calls)
-    builds = {name: [b.build_seconds * 1e3 for b in tch.built_graphs(module._graph)] for name, module in modules.items()}
+    builds = {name: tch.built_graphs(module._graph) for name, module in modules.items()}
     return results, builds
 
 
@@ -193,9 +193,15 @@ def main() -> None:
         print(f"\n{title}\n{'candidate':<24}{'first call ms':>15}{'steady ms':>12}{'build ms':>11}  (medians over sizes; build: per graph)")
         figures[title] = {}
         for name, (first, steady) in results.items():
-            build = median(builds[name]) if builds.get(name) else None
-            figures[title][name] = dict(first_ms=median(first), steady_ms=median(steady), build_ms=build, first_ms_each=first)
+            built = builds.get(name) or []
+            build = median(b.build_seconds * 1e3 for b in built) if built else None
+            phases = {p: median((b.phase_seconds or {}).get(p, 0.0) * 1e3 for b in built) for p in ("describe", "load", "build", "store", "native")} if built else {}
+            figures[title][name] = dict(first_ms=median(first), steady_ms=median(steady), build_ms=build, phase_ms=phases, first_ms_each=first,
+                                        routes=sorted({b.route for b in built}))
             print(f"{name:<24}{median(first):>15.2f}{median(steady):>12.3f}{'' if build is None else f'{build:>11.2f}'}")
+            if built:
+                print(f"{'':<26}build by phase, ms: " + ", ".join(f"{p} {ms:.2f}" for p, ms in phases.items())
+                      + f"; routes {sorted({b.route for b in built})}")
 
     if not args.skip_processes:
         cold, warm = processes_part()

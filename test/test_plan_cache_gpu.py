@@ -103,6 +103,8 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
     assert {route for route, *_ in routes(*static)} == {"static"}
     stats = tch.registry_stats()
     assert stats["routes"]["kernel_cache"] >= 3 * len(LENGTHS) and stats["plan_seconds"] > 0
+    for b in tch.built_graphs(dynamic[1]):  # where each build's time went
+        assert {"describe", "build", "native"} <= set(b.phase_seconds) and sum(b.phase_seconds.values()) <= b.build_seconds
 
 
 def test_a_new_length_is_cheaper_with_the_kernel_cache():

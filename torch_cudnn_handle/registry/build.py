@@ -53,6 +53,7 @@ class BuiltGraph:
     route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "disk_cache" (routes.py)
     route_reason: str = ""  # why that route
     build_seconds: float = 0.0  # wall time to obtain it: describe, build or load, native registration
+    phase_seconds: Optional[dict] = None  # build_seconds by phase: describe, load, build, store (routes.py), native
 
 
 def _build(
@@ -75,6 +76,7 @@ def _build(
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
+        native_started = time.perf_counter()
         if native_enabled:
             spec, reason = backend_plan_of(graph, uids)
             if spec is not None:
@@ -91,7 +93,7 @@ def _build(
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
         deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
-        build_seconds=time.perf_counter() - started,
+        build_seconds=time.perf_counter() - started, phase_seconds=dict(obtained.seconds, native=time.perf_counter() - native_started),
     )
 
 

@@ -19,7 +19,8 @@ Runs inside the caller's ``build_scope(device)``, on its thread, with its handle
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+import time
+from typing import Any, Dict, Optional, Tuple
 
 import cudnn
 
@@ -41,6 +42,7 @@ class Obtained:
     route: str  # "static" | "kernel_cache" | "disk_cache"
     route_reason: str
     engine: Optional[str] = None  # a disk entry's recorded engine (a deserialized graph cannot name it)
+    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # where the time went: describe, load, build, store
 
 
 def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool) -> Obtained:
@@ -54,17 +56,22 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
         return described
 
+    clock = _Clock()
     graph, inputs, outputs, layout = describe(options)
     uids = tuple(t.uid for t in inputs + outputs)
     operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
     key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
+    clock.lap("describe")
 
     if key is not None:
         loaded = plan_disk.load_graph(key, definition.name, handle, uids, operands)
+        clock.lap("load")
         if loaded is not None:
             loaded_graph, metadata = loaded
             choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
-            return Obtained(loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"))
+            return Obtained(
+                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"), clock.seconds
+            )
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:
@@ -85,12 +92,27 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
                 f"the build with a kernel cache failed, so graphs of this structure build statically "
                 f"({type(cache_error).__name__}: {cache_error})"
             )
+    clock.lap("build")
 
     if key is not None:
         from .build import _engine_of  # build.py imports this module
 
         plan_disk.store_graph(key, graph, dict(plan=choice.plan, index=choice.index, engine=_engine_of(graph), route=route))
-    return Obtained(graph, outputs, layout, uids, choice, route, reason)
+        clock.lap("store")
+    return Obtained(graph, outputs, layout, uids, choice, route, reason, seconds=clock.seconds)
+
+
+class _Clock:
+    """Seconds per phase of one obtain (BuiltGraph.phase_seconds)."""
+
+    def __init__(self):
+        self.seconds: Dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 def _build_described(definition, device, specs, layout, uids, graph, handle, fresh_graph) -> plan_tuning.PlanChoice:
