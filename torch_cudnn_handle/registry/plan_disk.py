@@ -11,8 +11,9 @@ Python from the description itself (``pygraph.inspect()``: nodes, their paramete
 every tensor's dims, strides, dtype and uid; plus what inspect() leaves out: each
 pass-by-value scalar, the intermediate type, the graph's plain options): ``graph.key()`` is the backend's hash and needs the graph
 lowered first, and with dynamic shapes it drops dims and strides, so it cannot be what
-a load is looked up by. A description whose parameters print with a memory address
-gets a key no other process can have: it is never loaded, only built (and stored).
+a load is looked up by. A description or definition whose parameters print with a
+memory address would get a key no other process can have: it has none (never loaded
+nor stored, only built).
 
 A loaded blob is not trusted because its file was whole: before a graph is made of it,
 its cuDNN and frontend versions must be the running ones, the op's operand uids must be
@@ -72,12 +73,12 @@ def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministi
     """The store key of ``graph`` (a description of ``definition``) for ``device``, or
     None when it cannot be named reliably (then it is neither loaded nor stored)."""
     try:
-        fingerprint = description_fingerprint(graph)
-        if fingerprint.endswith("-unstable"):
-            return None
+        fingerprint, params = description_fingerprint(graph), repr(sorted(definition.params.items()))
+        if fingerprint.endswith("-unstable") or _ADDRESS.search(params):
+            return None  # a key no other process can have: storing it would only fill the directory
         return plan_store.plan_key(
             backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__, device=device_identity(device),
-            graph=fingerprint, name=definition.name, params=repr(sorted(definition.params.items())), layout=layout,
+            graph=fingerprint, name=definition.name, params=params, layout=layout,
             deterministic=deterministic, dynamic_shapes=dynamic_shapes, tuned=tuned,
         )
     except Exception:  # noqa: BLE001 -- no key: the graph is built every time, as without the store

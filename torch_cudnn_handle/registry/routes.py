@@ -46,7 +46,7 @@ class Obtained:
 
 
 def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool) -> Obtained:
-    dynamic = kernel_caches.dynamic_shapes_enabled(getattr(definition, "dynamic_shapes", None))
+    dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
 
