@@ -98,7 +98,7 @@ def check_blob(blob: bytes, uids: Sequence[int], layout: Sequence[Tuple], *, bac
         ("cuDNN", document.get("cudnn_backend_version"), backend_version),
         ("frontend", document.get("cudnn_frontend_version"), frontend_version),
     ):
-        if not _version_forms(written) & _version_forms(running):
+        if written is not None and not _version_forms(written) & _version_forms(running):  # absent: the key's versions stand
             return f"built by {what} {written!r}, this is {running!r}"
     pack = set(document.get("variant_pack_uids") or ())
     if not set(uids) <= pack:
