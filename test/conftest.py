@@ -7,6 +7,12 @@ import threading
 import pytest
 import torch
 
+# The suite's graphs are built, not loaded from a plan store an earlier run (or another
+# test's same graph) left behind: tests of built graphs' plans, tuning and routes stay
+# about this run. test_plan_store*.py and test_plan_cache_gpu.py turn it on, per test,
+# in a tmp_path (set_plan_cache, or the variables for a subprocess).
+os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # the tests' helpers (graphs.py, host_sync_probe.py)

@@ -217,3 +217,17 @@ def test_an_nhwc_conv_written_with_set_output_only():
     compiled = compiled_call(CONV)(x, w)[0]
     assert compiled.stride() == y.stride()
     assert_bitwise_equal(compiled, y)
+
+
+def test_an_fp8_tensor_into_a_graph_built_for_another_type_is_refused_at_trace_time():
+    with tch.build_scope(0) as handle:
+        graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, handle=handle)
+        x = graph.tensor(name="x", dim=[8, 16], stride=[16, 1], data_type=cudnn.data_type.HALF)
+        y = graph.relu(x).set_output(True).set_dim([8, 16]).set_stride([16, 1]).set_data_type(torch.float16)
+        graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    gid = tch.register_built_graph(graph, [x], [y], device="cuda:0", name="built_half_relu")
+    refusal = r"input 0 of graph 'built_half_relu' is float8_e4m3fn\[8, 16\].*built for float16\[8, 16\].*\.to\(dtype\)"
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.cudnn_fe.execute(gid, [torch.empty(8, 16, dtype=torch.float8_e4m3fn, device="meta")])
+    with pytest.raises(ValueError, match=refusal):
+        torch.ops.cudnn_fe.execute(gid, [torch.empty(8, 16, dtype=torch.float8_e4m3fn, device="cuda")])

@@ -24,7 +24,10 @@ from .pool import PooledHandle, bind_context, current_handle, pool_stats, releas
 __all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "release_workspaces", "with_cuda"]
 
 from .build_scope import build_scope
-from .registry import BackwardOperand, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_native_path
+from .registry import (
+    BackwardOperand, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_dynamic_shapes, set_native_path,
+    set_plan_cache,
+)
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
 from .op import execute, execute_out
 from .plan_tuning import set_plan_tuning, tuning_stats
@@ -38,6 +41,8 @@ __all__ += [
     "registry_stats",
     "set_cache_capacity",
     "set_native_path",
+    "set_dynamic_shapes",
+    "set_plan_cache",
     "built_graphs",
     "execute",
     "execute_out",

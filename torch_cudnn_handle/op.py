@@ -196,9 +196,6 @@ def _cuda_index(device: torch.device):
 def _layout_for_fake(graph: int, inputs: Sequence[torch.Tensor]):
     """The layout at the inputs' sizes (their hints under dynamic shapes: no specialization)."""
     device = _call_device(graph, inputs)
-    for i, tensor in enumerate(inputs):
-        if tensor.dim() == 0 and not is_host_scalar(tensor):
-            raise _zero_dim_error(graph, i, tensor)
     return _registry.layout(graph, symbolic.hint_specs(inputs), _cuda_index(device))
 
 
@@ -217,10 +214,13 @@ def _call_device(graph: int, inputs: Sequence[torch.Tensor]) -> torch.device:
     """The device a traced call's outputs are on: the one device of its inputs that are
     not host scalars. Fake and meta tensors keep their device, so a trace refuses what a
     real call would (no input, inputs on several devices, a CPU tensor that is not a
-    scalar) instead of describing outputs for it."""
+    scalar, a 0-dim device tensor) instead of describing outputs for it."""
     if not inputs:
         raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} got no input tensors; pass at least one CUDA tensor")
     on_device = [(i, t) for i, t in enumerate(inputs) if not is_host_scalar(t)]
+    for i, tensor in on_device:
+        if tensor.dim() == 0:
+            raise _zero_dim_error(graph, i, tensor)
     if not on_device:
         return inputs[0].device  # only host scalars: described as they are (a real call refuses them)
     devices = sorted({str(t.device) for _, t in on_device})

@@ -9,6 +9,8 @@ definition; the registry turns a definition and a call's inputs into a built gra
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
+  * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
+    ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
   * here: the public API on the one process-wide registry, and its atexit hook.
 
 Every function here is thread-safe.
@@ -22,11 +24,13 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from .. import _C
-from . import description
+from . import description, kernel_caches
 from .build import BuiltGraph
 from .cache import GraphRegistry
 from . import symbolic
 from .data_types import GraphDataTypes
+from .kernel_caches import set_dynamic_shapes
+from .plan_store import set_plan_cache
 from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
@@ -41,6 +45,8 @@ __all__ = [
     "set_cache_capacity",
     "set_native_path",
     "built_graphs",
+    "set_dynamic_shapes",
+    "set_plan_cache",
 ]
 
 _describe = description._describe  # registry._describe: tests and bench describe graphs through it
@@ -57,6 +63,7 @@ def _drop_built_graphs() -> None:
     if _C.with_cuda and _C.forked_after_handles():
         return
     _registry.drop_built()
+    kernel_caches.clear()
 
 
 def register_graph(
@@ -74,6 +81,7 @@ def register_graph(
     io_data_type: Any = None,
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
+    dynamic_shapes: Optional[bool] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -143,11 +151,18 @@ def register_graph(
     either stays fixed or follows one input dimension, found from two descriptions. A
     graph whose outputs follow the inputs some other way gives
     ``output_shapes(*input_shapes) -> [shape, ...]`` (one per output).
+
+    ``dynamic_shapes=True`` describes the graph (and its backward) with dynamic shapes
+    and builds it with a kernel cache shared by every layout of the same structure, so a
+    new sequence length or token count reuses compiled kernels; None follows
+    ``set_dynamic_shapes()`` / ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES`` (default off). A
+    graph whose build with the cache fails is built statically; ``built_graphs(id)``
+    says which ``route`` served each layout, and why.
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, output_shapes=output_shapes,
+        tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         **params,
     )
@@ -166,8 +181,11 @@ def graph_name(graph_id: int) -> str:
 
 
 def registry_stats() -> dict:
-    """Counters of the built-graph cache: hits, misses, builds, evictions, cached, capacity,
-    and how many cached graphs run natively (from C++) or on the Python path."""
+    """Counters of the built-graph cache: hits, misses, builds (graphs built, not loaded),
+    evictions, cached, capacity, and how many cached graphs run natively (from C++) or
+    on the Python path; ``routes``: graphs obtained per route ("static", "kernel_cache",
+    "disk_cache"); ``plan_seconds``: the time spent obtaining them; the plan store's
+    ``disk_hits``, ``disk_misses``, ``disk_writes``, ``disk_rejected``, ``disk_write_errors``."""
     return _registry.stats()
 
 

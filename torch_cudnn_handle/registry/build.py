@@ -3,13 +3,16 @@
 ``_build`` runs on the calling thread (cache.py makes sure one thread per key does),
 inside ``build_scope(device)``, with that thread's pooled handle for the device:
 
-  * the description is built with plan_tuning.build_graph (untuned: exactly
-    ``graph.build([A, FALLBACK])``); under torch.use_deterministic_algorithms(True),
-    among the engines cuDNN does not mark NONDETERMINISTIC only;
+  * the graph is obtained by routes.py: loaded from the plan store, or described and
+    built with plan_tuning.build_graph (untuned: exactly ``graph.build([A, FALLBACK])``),
+    with a kernel cache under dynamic shapes; under torch.use_deterministic_algorithms(True),
+    among the engines cuDNN does not mark NONDETERMINISTIC only; ``route`` and
+    ``build_seconds`` say how, and how long it took;
   * an output whose layout the builder declared must be written in that layout (a
     contract); an undeclared one is allocated as the build lays it out, which the
     description predicted for the fake kernel (output_strides.py; a miss warns, with
-    the fix: declare it);
+    the fix: declare it); a plan loaded from the store writes what its build wrote,
+    which the store checked against the description;
   * a backend-served plan is handed to the native path (``native.backend_plan_of``,
     ``_C.native_register``), deserialized here, in the build scope; if that fails for
     any reason the graph stays on the Python path, which runs every plan, and
@@ -22,16 +25,16 @@ registered built graph refuses inputs on another device.
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from typing import Any, Optional, Sequence, Tuple
-
-import cudnn
 
 from .. import _C, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
-from .description import _Definition, _describe
-from .specs import GraphLayout, TensorSpec, torch_dtype_of
+from .description import _Definition
+from .routes import obtain
+from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,32 +54,39 @@ class BuiltGraph:
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
+    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "disk_cache" (routes.py)
+    route_reason: str = ""  # why that route
+    build_seconds: float = 0.0  # wall time to obtain it: describe, build or load, native registration
+    phase_seconds: Optional[dict] = None  # build_seconds by phase: describe, load, build, store (routes.py), native
 
 
 def _build(
     definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False
 ) -> BuiltGraph:
+    started = time.perf_counter()
     with build_scope(device) as handle:
         try:
-            graph, outputs, described, uids, choice = _describe_and_build(definition, device, specs, handle, deterministic)
+            obtained = obtain(definition, device, specs, handle, deterministic)
         except Exception:
             if not deterministic:
                 raise
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
-            graph, outputs, described, uids, choice = _describe_and_build(definition, device, specs, handle, False)
+            obtained = obtain(definition, device, specs, handle, False)
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
-        layout = _built_layout(definition, outputs, described)
+        graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
+        layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
-        engine = _engine_of(graph)
+        engine = obtained.engine or _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
+        native_started = time.perf_counter()
         if native_enabled:
             spec, reason = backend_plan_of(graph, uids)
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device
                     serial, _ = _C.native_register(
-                        definition.graph_id, device, _layouts(specs), _layouts(layout.outputs), list(uids),
+                        definition.graph_id, device, layout_lists(specs), layout_lists(layout.outputs), list(uids),
                         spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
                         output_positions=list(layout.output_positions), deterministic=deterministic,
@@ -86,34 +96,9 @@ def _build(
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
-        deterministic=deterministic,
+        deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
+        build_seconds=time.perf_counter() - started, phase_seconds=dict(obtained.seconds, native=time.perf_counter() - native_started),
     )
-
-
-def _describe_and_build(definition: _Definition, device: int, specs, handle, deterministic: bool):
-    """A fresh description for ``specs``, built (``deterministic``: among the engines
-    cuDNN does not mark non-deterministic only)."""
-
-    def describe():
-        described = _describe(definition, specs, handle)
-        if deterministic:
-            described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
-        return described
-
-    graph, inputs, outputs, layout = describe()
-    uids = tuple(t.uid for t in inputs + outputs)
-    choice = plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
-        graph,
-        tune=definition.tune,
-        device=device,
-        handle=handle,
-        input_specs=_layouts(specs),
-        output_specs=_layouts(layout.outputs),
-        uids=uids,
-        name=definition.name,
-        fresh_graph=lambda: describe()[0],
-    )
-    return graph, outputs, layout, uids, choice
 
 
 def _engine_of(graph) -> str:
@@ -159,9 +144,3 @@ def _differs_in_memory(a: TensorSpec, b: TensorSpec) -> bool:
     if (a.shape, a.dtype) != (b.shape, b.dtype):
         return True
     return any(n > 1 and x != y for n, x, y in zip(a.shape, a.stride, b.stride))
-
-
-def _layouts(specs: Sequence[TensorSpec]) -> list:
-    """Specs as the (shape, stride, dtype, host) lists plan_tuning and the extension take
-    (host: a host scalar, passed by value)."""
-    return [(list(s.shape), list(s.stride), s.dtype, s.host) for s in specs]

@@ -44,7 +44,7 @@ from .description import (
     _positional_arity,
     describing_handle,
 )
-from . import autograd_record
+from . import autograd_record, plan_store
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
@@ -72,6 +72,8 @@ class GraphRegistry:
         # set_native_path(False)) keeps every later build on the Python path.
         self.native_enabled = _C.with_cuda and os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") != "0"
         self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
+        self.routes: "collections.Counter[str]" = collections.Counter()  # builds per route (routes.py), cumulative
+        self.plan_seconds = 0.0  # time spent obtaining built graphs (BuiltGraph.build_seconds), cumulative
 
     # -- definitions -------------------------------------------------------------
 
@@ -83,7 +85,8 @@ class GraphRegistry:
 
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
-        differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None, **params,
+        differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
+        dynamic_shapes=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -101,7 +104,9 @@ class GraphRegistry:
             autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
         if backward is not None:
-            backward_id = self._add(dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune))
+            backward_id = self._add(
+                dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune, dynamic_shapes=dynamic_shapes)
+            )
         graph_id = self._add(
             dict(
                 name=name,
@@ -114,6 +119,7 @@ class GraphRegistry:
                 tune=tune,
                 output_shapes=output_shapes,
                 **({} if data_types is None else dict(data_types=data_types)),  # the forward graph's; a backward graph keeps the default types
+                dynamic_shapes=dynamic_shapes,
             )
         )
         autograd_record.declare(
@@ -245,7 +251,9 @@ class GraphRegistry:
             flight.done.set()
             raise
         with self._lock:
-            self.counters["builds"] += 1
+            self.counters["builds"] += built.route != "disk_cache"  # a load from the plan store is no build
+            self.routes[built.route] += 1
+            self.plan_seconds += built.build_seconds
             self._built[key] = built
             self._used_ns[key] = time.monotonic_ns()
             self._evict_over_capacity()
@@ -305,6 +313,9 @@ class GraphRegistry:
                 engines=dict(collections.Counter(built.engine for built in self._built.values())),
                 capacity=self.capacity,
                 definitions=len(self._definitions),
+                routes=dict(self.routes),
+                plan_seconds=self.plan_seconds,
+                **plan_store.stats(),
             )
 
 

@@ -46,6 +46,7 @@ class _Definition:
     tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
     output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
     data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
+    dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
@@ -96,10 +97,14 @@ def _returned_tensors(definition: _Definition, result) -> list:
     return list(result)
 
 
-def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None):
-    """Run the definition's builder on a fresh graph description for ``specs``."""
+def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None, **graph_options):
+    """Run the definition's builder on a fresh graph description for ``specs``;
+    ``graph_options``: more ``cudnn.pygraph`` arguments (routes.py: a kernel cache)."""
     io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
-    graph = cudnn.pygraph(name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle)
+    graph = cudnn.pygraph(
+        name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
+        **graph_options,
+    )
     inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
     returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []

@@ -69,6 +69,12 @@ class TensorSpec:
         return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}{where}"
 
 
+def layout_lists(specs) -> list:
+    """Specs as the (shape, stride, dtype, host) lists plan_tuning and the extension take
+    (host: a host scalar, passed by value)."""
+    return [(list(s.shape), list(s.stride), s.dtype, s.host) for s in specs]
+
+
 def is_host_scalar(tensor: torch.Tensor) -> bool:
     """A CPU tensor of one element (0-dim or not): the op passes it to the graph by
     value (a pass-by-value operand), as the frontend does with a CPU tensor. Any other

@@ -1,0 +1,74 @@
+"""Dynamic shapes: one cuDNN kernel cache per graph structure and device.
+
+A graph described with ``is_dynamic_shape_enabled=True`` and a ``kernel_cache``
+(``cudnn.create_kernel_cache()``) stores the kernels its plan compiled there, and a
+later build of a graph of the same topology (another sequence length, another token
+count) may bind them instead of compiling again: a new layout's build gets cheap.
+cuDNN uses the kernel cache only for dynamic-shape graphs, and only across graphs of
+one topology, so a cache here belongs to one (definition, device, determinism, input
+dtypes and ranks): what can change the topology a builder describes.
+
+Opt-in (default off until the GPU tests show its results bitwise equal to a static
+build's): ``register_graph(..., dynamic_shapes=True)`` > ``set_dynamic_shapes(True)``
+> ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES=1``.
+
+Thread safety and lifetimes: whether one cuDNN kernel cache may be written by two
+builds at once is not documented, so a ``KernelCacheSlot``'s lock is held for the
+whole build that uses it (builds of other graphs, or other devices, still run in
+parallel). The caches live until ``clear()`` (the registry's atexit hook, while CUDA is
+still up); a graph built with one holds its own reference to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any, Dict, Optional, Sequence
+
+import cudnn
+
+__all__ = ["KernelCacheSlot", "set_dynamic_shapes", "dynamic_shapes_enabled", "slot_for", "clear"]
+
+
+@dataclasses.dataclass
+class KernelCacheSlot:
+    cache: Any  # the cudnn kernel cache, created on first use
+    lock: threading.Lock
+    refused: str = ""  # why a build with it failed (then graphs of this slot build statically)
+
+
+_lock = threading.Lock()
+_slots: Dict[tuple, KernelCacheSlot] = {}
+_process_enabled: Optional[bool] = None  # None: follow TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES
+
+
+def set_dynamic_shapes(enabled: bool) -> None:
+    """Build graphs from now on with dynamic shapes and a kernel cache (those
+    registered with ``dynamic_shapes=False`` excepted)."""
+    global _process_enabled
+    _process_enabled = bool(enabled)
+
+
+def dynamic_shapes_enabled(per_graph: Optional[bool] = None) -> bool:
+    if per_graph is not None:
+        return bool(per_graph)
+    if _process_enabled is not None:
+        return _process_enabled
+    return os.environ.get("TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES", "0").strip() == "1"
+
+
+def slot_for(graph_id: int, device: int, specs: Sequence[Any], deterministic: bool) -> KernelCacheSlot:
+    """The kernel cache of this graph structure on ``device`` (created on first use)."""
+    key = (graph_id, device, bool(deterministic), tuple((s.dtype, len(s.shape)) for s in specs))
+    with _lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = KernelCacheSlot(cache=cudnn.create_kernel_cache(), lock=threading.Lock())
+        return slot
+
+
+def clear() -> None:
+    """Forget every kernel cache (graphs built with one keep theirs alive)."""
+    with _lock:
+        _slots.clear()

@@ -1,0 +1,173 @@
+"""Built graphs on disk: the key of a description, and a stored plan loaded back, checked.
+
+``plan_store.py`` keeps bytes; this module knows what they are: ``pygraph.serialize()``
+of a built graph whose selected plan the cuDNN backend serves (the frontend's UBJSON
+graph format, the one the native path reads too). Frost (Python-engine) plans are never
+stored: their serialized form is another format, and their compiled kernels are the
+frontend's own business.
+
+The key (``plan_store.plan_key``) names the description by a fingerprint computed in
+Python from the description itself (``pygraph.inspect()``: nodes, their parameters,
+every tensor's dims, strides, dtype and uid; plus what inspect() leaves out: each
+pass-by-value scalar, the intermediate type, the graph's plain options): ``graph.key()`` is the backend's hash and needs the graph
+lowered first, and with dynamic shapes it drops dims and strides, so it cannot be what
+a load is looked up by. A description or definition whose parameters print with a
+memory address would get a key no other process can have: it has none (never loaded
+nor stored, only built).
+
+A loaded blob is not trusted because its file was whole: before a graph is made of it,
+its cuDNN and frontend versions must be the running ones, the op's operand uids must be
+exactly its variant pack's (with the frontend's own per-call tensors), and every
+operand's dims and strides in the backend plan must be the description's. Any
+mismatch, or a deserialize that fails, rejects the entry (a warning, the file removed)
+and the caller builds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Optional, Sequence, Tuple
+
+import cudnn
+import torch
+
+from ..native import decode_ubjson
+from . import plan_store
+
+__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "store_graph"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def description_fingerprint(graph) -> str:
+    """sha256 of everything a description says (see the module docstring)."""
+
+    def encode(value):
+        if hasattr(value, "uid") and hasattr(value, "dim"):  # a cudnn tensor named in a node's params
+            return {"tensor": value.uid}
+        return repr(value)
+
+    document = graph.inspect()
+    # What inspect() leaves out: pass-by-value scalars, the intermediate type and the
+    # graph's plain constructor arguments (sm_count, dynamic shapes, ...).
+    document["scalars"] = {
+        str(t.uid): [repr(t.pass_by_value), repr(getattr(t, "scalar_type", None))]
+        for t in graph._tensor_by_uid.values()
+        if getattr(t, "pass_by_value", None) is not None
+    }
+    document["intermediate_data_type"] = str(graph._context.intermediate_data_type)
+    document["graph_options"] = {k: v for k, v in graph._cpp_graph_kwargs.items() if isinstance(v, (str, int, float, bool))}
+    text = json.dumps(document, sort_keys=True, default=encode)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest() + ("-unstable" if _ADDRESS.search(text) else "")
+
+
+def device_identity(device: int) -> str:
+    """The GPU a plan is built for: name, compute capability and SM count."""
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.name} sm{props.major}{props.minor} {props.multi_processor_count}SMs"
+
+
+def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministic: bool, dynamic_shapes: bool, tuned: bool) -> Optional[str]:
+    """The store key of ``graph`` (a description of ``definition``) for ``device``, or
+    None when it cannot be named reliably (then it is neither loaded nor stored)."""
+    try:
+        fingerprint, params = description_fingerprint(graph), repr(sorted(definition.params.items()))
+        if fingerprint.endswith("-unstable") or _ADDRESS.search(params):
+            return None  # a key no other process can have: storing it would only fill the directory
+        return plan_store.plan_key(
+            backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__, device=device_identity(device),
+            graph=fingerprint, name=definition.name, params=params, layout=layout,
+            deterministic=deterministic, dynamic_shapes=dynamic_shapes, tuned=tuned,
+        )
+    except Exception:  # noqa: BLE001 -- no key: the graph is built every time, as without the store
+        return None
+
+
+def check_blob(blob: bytes, uids: Sequence[int], layout: Sequence[Tuple], *, backend_version: int, frontend_version: str) -> Optional[str]:
+    """None when ``blob`` is a serialized backend plan of these operands (uids in the op's
+    order, ``layout`` their (shape, stride, dtype)) from this cuDNN and frontend; else why not."""
+    try:
+        document = decode_ubjson(blob)
+    except Exception as error:  # noqa: BLE001 -- a blob that does not decode is the answer
+        return f"not the frontend's serialized format ({type(error).__name__}: {error})"
+    if not isinstance(document, dict):
+        return "not the frontend's serialized format"
+    for what, written, running in (
+        ("cuDNN", document.get("cudnn_backend_version"), backend_version),
+        ("frontend", document.get("cudnn_frontend_version"), frontend_version),
+    ):
+        if written is not None and not _version_forms(written) & _version_forms(running):  # absent: the key's versions stand
+            return f"built by {what} {written!r}, this is {running!r}"
+    pack = set(document.get("variant_pack_uids") or ())
+    if not set(uids) <= pack:
+        return f"its variant pack {sorted(pack)} lacks operands {sorted(set(uids) - pack)}"
+    try:
+        plan = json.loads(document.get("cudnn_backend_data") or "{}")
+        tensors = {str(t.get("name")): t for t in plan.get("operationGraph", {}).get("tensors", []) if isinstance(t, dict)}
+    except (ValueError, AttributeError) as error:
+        return f"its backend plan is not readable JSON ({error})"
+    for uid, (shape, stride, _) in zip(uids, layout):
+        tensor = tensors.get(str(uid))
+        if tensor is None:
+            return f"operand {uid} is not in its backend plan"
+        for field, expected in (("dim", shape), ("stride", stride)):
+            found = _field(tensor, field)
+            if found is not None and [int(x) for x in found] != [int(x) for x in expected]:
+                return f"operand {uid} has {field} {list(found)} in the stored plan, the description says {list(expected)}"
+    return None
+
+
+def _field(tensor: dict, field: str) -> Optional[list]:
+    """A tensor's dims or strides in the backend's plan JSON, whatever the key's spelling."""
+    for name, value in tensor.items():
+        if isinstance(value, list) and name.lower().rstrip("s") in (field, field + "ension"):
+            return value
+    return None
+
+
+def _version_forms(version) -> set:
+    """The spellings of one version: cuDNN and the frontend write theirs as "9.19.0" or
+    as the number 91900 (major * 10000 + minor * 100 + patch; 1.32.0 is 13200)."""
+    text = str(version).strip()
+    forms = {text}
+    parts = text.split(".")
+    if len(parts) == 3 and all(part.isdigit() for part in parts):
+        forms.add(str(int(parts[0]) * 10000 + int(parts[1]) * 100 + int(parts[2])))
+    elif text.isdigit():
+        number = int(text)
+        forms.add(f"{number // 10000}.{number % 10000 // 100}.{number % 100}")
+    return forms
+
+
+def load_graph(key: str, name: str, handle, uids: Sequence[int], layout: Sequence[Tuple]) -> Optional[Tuple[Any, dict]]:
+    """``(graph, metadata)``: the plan stored under ``key``, deserialized on ``handle`` (a
+    built ``cudnn.pygraph``), or None (not stored, or rejected with a warning)."""
+    store = plan_store.store()
+    loaded = store.load(key) if store is not None else None
+    if loaded is None:
+        return None
+    blob, metadata = loaded
+    why = check_blob(blob, uids, layout, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
+    if why is None:
+        try:
+            graph = cudnn.pygraph(name=name, handle=handle)
+            graph.deserialize(handle, blob)
+            return graph, metadata
+        except Exception as error:  # noqa: BLE001 -- a plan cuDNN will not take back is rejected and rebuilt
+            why = f"cuDNN could not deserialize it ({type(error).__name__}: {error})"
+    store.reject(key, why)
+    return None
+
+
+def store_graph(key: str, graph, metadata: dict) -> bool:
+    """Store a built graph's plan under ``key`` (a backend plan only; False otherwise)."""
+    store = plan_store.store()
+    if store is None or getattr(graph, "selected_engine", None) is not None:
+        return False
+    try:
+        blob = graph.serialize(as_bytes=True)
+    except Exception:  # noqa: BLE001 -- not serializable: it stays this process's
+        return False
+    return store.store(key, blob, metadata)

@@ -1,0 +1,129 @@
+"""How a built graph is obtained: loaded from the plan store, or built (with a kernel
+cache, or statically); which route served it is the ``route`` of its ``BuiltGraph``.
+
+  * ``"disk_cache"``: the plan stored by an earlier build (this process or another),
+    deserialized and checked (plan_disk.py); no build;
+  * ``"kernel_cache"``: described with dynamic shapes and built with the kernel cache of
+    its graph structure (kernel_caches.py), so kernels compiled for another layout are
+    reused;
+  * ``"static"``: described and built as always.
+
+A build with a kernel cache that fails is built again statically, and the slot
+remembers why (``route_reason``): every later graph of that structure then builds
+statically, without trying the cache again. A built backend plan is stored for the
+next process (when the plan cache is on; plan_store.py).
+
+Runs inside the caller's ``build_scope(device)``, on its thread, with its handle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import cudnn
+
+from .. import plan_tuning
+from . import kernel_caches, plan_disk
+from .description import _describe
+from .specs import GraphLayout, TensorSpec, layout_lists
+
+__all__ = ["Obtained", "obtain"]
+
+
+@dataclasses.dataclass
+class Obtained:
+    graph: Any  # cudnn.pygraph, built (or deserialized)
+    outputs: list  # the description's output tensors
+    layout: GraphLayout
+    uids: Tuple[int, ...]
+    choice: plan_tuning.PlanChoice
+    route: str  # "static" | "kernel_cache" | "disk_cache"
+    route_reason: str
+    engine: Optional[str] = None  # a disk entry's recorded engine (a deserialized graph cannot name it)
+    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # where the time went: describe, load, build, store
+
+
+def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool) -> Obtained:
+    dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
+    slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
+    options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
+
+    def describe(graph_options):
+        described = _describe(definition, specs, handle, **graph_options)
+        if deterministic:
+            described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+        return described
+
+    clock = _Clock()
+    graph, inputs, outputs, layout = describe(options)
+    uids = tuple(t.uid for t in inputs + outputs)
+    operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
+    key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
+    clock.lap("describe")
+
+    if key is not None:
+        loaded = plan_disk.load_graph(key, definition.name, handle, uids, operands)
+        clock.lap("load")
+        if loaded is not None:
+            loaded_graph, metadata = loaded
+            choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
+            return Obtained(
+                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"), clock.seconds
+            )
+
+    route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
+    if options:
+        try:
+            with slot.lock:  # one build at a time per kernel cache (kernel_caches.py)
+                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options)[0])
+            route, reason = "kernel_cache", "dynamic shapes, the kernel cache of its structure"
+        except Exception as error:  # noqa: BLE001 -- built statically instead (below)
+            cache_error = error
+            graph, inputs, outputs, layout = describe({})  # the dynamic description is spent
+            uids = tuple(t.uid for t in inputs + outputs)
+    if choice is None:
+        # A static build that fails too is not the kernel cache's fault: it raises, and
+        # the slot stays usable.
+        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({})[0])
+        if cache_error is not None:
+            slot.refused = reason = (
+                f"the build with a kernel cache failed, so graphs of this structure build statically "
+                f"({type(cache_error).__name__}: {cache_error})"
+            )
+    clock.lap("build")
+
+    if key is not None:
+        from .build import _engine_of  # build.py imports this module
+
+        plan_disk.store_graph(key, graph, dict(plan=choice.plan, index=choice.index, engine=_engine_of(graph), route=route))
+        clock.lap("store")
+    return Obtained(graph, outputs, layout, uids, choice, route, reason, seconds=clock.seconds)
+
+
+class _Clock:
+    """Seconds per phase of one obtain (BuiltGraph.phase_seconds)."""
+
+    def __init__(self):
+        self.seconds: Dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+
+def _build_described(definition, device, specs, layout, uids, graph, handle, fresh_graph) -> plan_tuning.PlanChoice:
+    return plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
+        graph,
+        tune=definition.tune,
+        device=device,
+        handle=handle,
+        input_specs=layout_lists(specs),
+        output_specs=layout_lists(layout.outputs),  # timing's outputs: same extent whatever the build picks
+        uids=uids,
+        name=definition.name,
+        fresh_graph=fresh_graph,
+    )
