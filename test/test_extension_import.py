@@ -22,7 +22,7 @@ def test_a_package_without_its_extension_says_to_build_it(tmp_path):
         shutil.copy(path, target)
     # An editable install's finder would hand the copy the checkout's _C: leave it out.
     code = "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(f)]; import torch_cudnn_handle"
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])))
     assert result.returncode != 0
     assert "ImportError: torch_cudnn_handle's C++ extension (_C) is not built" in result.stderr, result.stderr
     assert "pip install --no-build-isolation --no-deps -e ." in result.stderr

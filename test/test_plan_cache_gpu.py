@@ -206,7 +206,7 @@ def test_the_python_path_runs_a_loaded_plan(plan_cache):
 # (c) eager, compile, capture and backward, served by plans of either cache
 
 
-@pytest.fixture(params=["kernel_cache", "disk_cache"])
+@pytest.fixture(params=["disk_cache"])
 def cached_graphs(request, plan_cache):
     """Graph ids whose plans come from ``request.param``'s route (built or loaded at the first call)."""
     tag = uuid.uuid4().hex[:8]

@@ -57,6 +57,7 @@ class UpstreamGraph:
     params: Dict[str, Any] = dataclasses.field(default_factory=dict)
     region: Optional[Callable[[List[torch.Tensor], List[torch.Tensor]], List[torch.Tensor]]] = None
     frontend_types: Optional[Dict[str, Any]] = None
+    known_issue: str = ""  # measured on the H200 and still open: the GPU test is an xfail naming it
     note: str = ""
     graph_id: int = -1
 
@@ -866,9 +867,13 @@ GRAPHS: List[UpstreamGraph] = [
                   note="upstream also binds an epsilon the backward node never reads; left out"),
     UpstreamGraph("batchnorm_relu_mask", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_relu_with_mask",
                   batchnorm_relu_mask, _batchnorm_inputs, _batchnorm_reference, [(1e-3, 1e-3)] * 6,
+                  known_issue="output 5 (the bool relu mask) differs between two runs of the frontend itself (H200, "
+                              "cuDNN 9.19): part of it is left unwritten or packed; open",
                   note="upstream writes the running stats in place (into the inputs); here they are outputs"),
     UpstreamGraph("drelu_dadd_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_drelu_dadd_dbn[dump_dX_dRelu1]",
                   drelu_dadd_dbn, _drelu_dbn_inputs, _drelu_dbn_reference, [(1e-3, 1e-3)] + [(1e-2, 1e-2)] * 3,
+                  known_issue="bitwise equal to the frontend, but output 0 (dY scaled by a bool mask input) differs from "
+                              "dY * mask in half the elements (H200, cuDNN 9.19): how cuDNN reads a torch bool tensor is open",
                   note="upstream runs it without a reference; reference and tolerance ours"),
     UpstreamGraph("bn_infer_drelu_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_infer_drelu_dbn",
                   bn_infer_drelu_dbn, _bn_infer_inputs, _bn_infer_reference, [(1e-2, 1e-2)] * 3,
@@ -900,7 +905,7 @@ GRAPHS: List[UpstreamGraph] = [
 BY_NAME = {entry.name: entry for entry in GRAPHS}
 
 for _entry in GRAPHS:
-    _entry.graph_id = tch.register_graph(_entry.builder, name=f"upstream_{_entry.name}", **_entry.params)
+    _entry.graph_id = tch.register_graph(_entry.builder, name=f"upstream_{_entry.name}", **(_entry.frontend_types or {}), **_entry.params)
 
 
 # =====================================================================================
@@ -908,11 +913,12 @@ for _entry in GRAPHS:
 
 
 def _graph_types(entry: UpstreamGraph, inputs: Sequence[torch.Tensor]) -> Dict[str, Any]:
-    """registry/description.py's choice: io = the first floating input's dtype, float32
-    intermediate and compute; ``frontend_types`` where the registry has none to give."""
-    floating = next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
-    if floating is None:
+    """The graph's types: ``frontend_types`` where upstream gives its own (registered with
+    the graph too), else the registry's default: io = the first floating input's dtype,
+    float32 intermediate and compute."""
+    if entry.frontend_types:
         return dict(entry.frontend_types)
+    floating = next((t.dtype for t in inputs if t.dtype.is_floating_point), None)
     return dict(io_data_type=torch_to_cudnn_data_type(floating), intermediate_data_type=F32, compute_data_type=F32)
 
 

@@ -64,7 +64,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
     clock.lap("describe")
 
     if key is not None:
-        loaded = plan_disk.load_graph(key, definition.name, handle, uids, operands)
+        loaded = plan_disk.load_graph(key, definition.name, handle, uids)
         clock.lap("load")
         if loaded is not None:
             loaded_graph, metadata = loaded
