@@ -194,11 +194,12 @@ def conv_specs(dtype=torch.float16, *, channels_last=True):
     return [spec((4, 16, 19, 19), dtype, stride=x_stride), spec((16, 16, 3, 3), dtype, stride=w_stride)]
 
 
-def test_an_undeclared_nhwc_conv_output_is_described_nhwc():
+def test_an_undeclared_conv_output_is_described_nhwc_whatever_the_inputs_layout():
     layout = describe(CONV, conv_specs())[3]
     assert layout.outputs == (spec((4, 16, 19, 19), torch.float16, stride=(5776, 1, 304, 16)),)
     assert layout.declared == (False,)
-    assert describe(CONV, conv_specs(channels_last=False))[3].outputs[0].stride == (5776, 361, 19, 1)
+    # An NCHW convolution writes NHWC too (measured on the H200: frontend 1.32, cuDNN 9.19).
+    assert describe(CONV, conv_specs(channels_last=False))[3].outputs[0].stride == (5776, 1, 304, 16)
 
 
 def test_the_fake_kernel_reports_the_nhwc_output():

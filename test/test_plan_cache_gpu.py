@@ -1,5 +1,6 @@
-"""The two caches on a GPU: plans built with a kernel cache (dynamic shapes) and plans
-loaded from the plan store (another process's builds) against plans built statically.
+"""The two caches on a GPU: plans built with a kernel cache (dynamic shapes, from cuDNN
+9.21: registry/kernel_caches.py says why) and plans loaded from the plan store (another
+process's builds) against plans built statically.
 
 What is compared is bitwise (torch.equal): the matmul+bias+gelu graph of
 nn/linear.py and the nn sdpa forward and backward graphs of nn/attention.py, at
@@ -88,6 +89,30 @@ def plan_cache(tmp_path):
 # (a) the kernel cache route
 
 
+import cudnn  # noqa: E402
+
+from torch_cudnn_handle.registry import kernel_caches  # noqa: E402
+
+def _below_min_backend() -> bool:
+    try:
+        return cudnn.backend_version() < kernel_caches.MIN_BACKEND
+    except Exception:  # noqa: BLE001 -- no libcudnn here: the module skips anyway
+        return True
+
+
+below_min_backend = pytest.mark.skipif(_below_min_backend(), reason=kernel_caches.BELOW_MIN_BACKEND)
+
+
+def test_below_the_minimum_cudnn_a_dynamic_shapes_request_builds_statically_and_says_why():
+    if not _below_min_backend():
+        pytest.skip("this cuDNN builds with kernel caches")
+    dynamic = register(f"gated_{uuid.uuid4().hex[:8]}", True)
+    static = register(f"gated_static_{uuid.uuid4().hex[:8]}", False)
+    assert_bitwise(workload(*dynamic, LENGTHS[1]), workload(*static, LENGTHS[1]), "a gated request")
+    assert {(route, reason) for route, reason, *_ in routes(*dynamic)} == {("static", kernel_caches.BELOW_MIN_BACKEND)}
+
+
+@below_min_backend
 def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
     tag = uuid.uuid4().hex[:8]
     static, dynamic = register(f"static_{tag}", False), register(f"dynamic_{tag}", True)
@@ -107,6 +132,7 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
         assert {"describe", "build", "native"} <= set(b.phase_seconds) and sum(b.phase_seconds.values()) <= b.build_seconds
 
 
+@below_min_backend
 def test_a_new_length_is_cheaper_with_the_kernel_cache():
     """Not a benchmark (bench/new_shapes.py is): the kernel cache must at least not make
     later lengths dearer than the first, whose kernels it compiled."""
@@ -206,7 +232,7 @@ def test_the_python_path_runs_a_loaded_plan(plan_cache):
 # (c) eager, compile, capture and backward, served by plans of either cache
 
 
-@pytest.fixture(params=["disk_cache"])
+@pytest.fixture(params=[pytest.param("kernel_cache", marks=below_min_backend), "disk_cache"])
 def cached_graphs(request, plan_cache):
     """Graph ids whose plans come from ``request.param``'s route (built or loaded at the first call)."""
     tag = uuid.uuid4().hex[:8]

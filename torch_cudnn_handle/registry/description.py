@@ -111,6 +111,11 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
     for position, tensor in enumerate(returned):
         if tensor is not None:
             tensor.set_output(True)
+            if isinstance(tensor.data_type, torch.dtype):
+                # The frontend takes a torch dtype here but its lowering does not (on the
+                # H200, set_data_type(torch.float16) wrote neither the op's nor the
+                # frontend's outputs right): hand it the cudnn.data_type.
+                tensor.set_data_type(cudnn_data_type_of(tensor.data_type))
             outputs.append(tensor)
             positions.append(position)
     if not outputs:

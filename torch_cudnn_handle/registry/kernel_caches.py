@@ -8,9 +8,12 @@ cuDNN uses the kernel cache only for dynamic-shape graphs, and only across graph
 one topology, so a cache here belongs to one (definition, device, determinism, input
 dtypes and ranks): what can change the topology a builder describes.
 
-Opt-in (default off until the GPU tests show its results bitwise equal to a static
-build's): ``register_graph(..., dynamic_shapes=True)`` > ``set_dynamic_shapes(True)``
-> ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES=1``.
+Opt-in: ``register_graph(..., dynamic_shapes=True)`` > ``set_dynamic_shapes(True)``
+> ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES=1``; and only from cuDNN 9.21 (``MIN_BACKEND``).
+Measured on the H200 with cuDNN 9.19: the causal sdpa forward built with a kernel
+cache at a second length (264, after 136) wrote outputs up to 4.7 away from the static
+build's, through the frontend's own execute as through the native path, so below 9.21
+such a request builds statically and ``route_reason`` says why.
 
 Thread safety and lifetimes: whether one cuDNN kernel cache may be written by two
 builds at once is not documented, so a ``KernelCacheSlot``'s lock is held for the
@@ -58,13 +61,24 @@ def dynamic_shapes_enabled(per_graph: Optional[bool] = None) -> bool:
     return os.environ.get("TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES", "0").strip() == "1"
 
 
+MIN_BACKEND = 92100  # see the module docstring
+BELOW_MIN_BACKEND = (
+    "dynamic shapes need cuDNN 9.21 or newer here: on cuDNN 9.19 (H200) a kernel-cache build of the sdpa forward gave "
+    "outputs up to 4.7 away from a static build's, so it is built statically"
+)
+
+
 def slot_for(graph_id: int, device: int, specs: Sequence[Any], deterministic: bool) -> KernelCacheSlot:
-    """The kernel cache of this graph structure on ``device`` (created on first use)."""
+    """The kernel cache of this graph structure on ``device`` (created on first use); a
+    refused slot (no cache) below ``MIN_BACKEND``."""
     key = (graph_id, device, bool(deterministic), tuple((s.dtype, len(s.shape)) for s in specs))
     with _lock:
         slot = _slots.get(key)
         if slot is None:
-            slot = _slots[key] = KernelCacheSlot(cache=cudnn.create_kernel_cache(), lock=threading.Lock())
+            if cudnn.backend_version() < MIN_BACKEND:
+                slot = _slots[key] = KernelCacheSlot(cache=None, lock=threading.Lock(), refused=BELOW_MIN_BACKEND)
+            else:
+                slot = _slots[key] = KernelCacheSlot(cache=cudnn.create_kernel_cache(), lock=threading.Lock())
         return slot
 
 

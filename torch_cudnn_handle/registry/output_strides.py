@@ -9,12 +9,12 @@ description, for the nodes whose rule follows their input's layout:
 
   * a pointwise output takes the strides of its first input of the same dims, a norm's
     output those of its input (same dims);
-  * otherwise a convolution's, a norm's statistics' and a reduction's output (and a
-    pointwise one with no input of its dims) take the stride order of the node's first
-    input (``generate_stride_order_preserving_format`` then ``generate_stride``): an
-    NHWC convolution writes NHWC. (Some frontend releases default these to NHWC order
-    instead, which is the same for the NHWC and [N, C, 1, 1] tensors they are used
-    with; the build decides where they differ.)
+  * a convolution's output (fprop, dgrad, wgrad) is channels-last whatever its inputs'
+    layout: measured on the H200 (frontend 1.32, cuDNN 9.19), an NCHW convolution
+    writes NHWC too;
+  * otherwise a norm's statistics' and a reduction's output (and a pointwise one with
+    no input of its dims) take the stride order of the node's first input
+    (``generate_stride_order_preserving_format`` then ``generate_stride``).
 
 Every other node (matmul: row-major; attention, rope, ...) keeps the description's
 own inference. A stride order lists each dim's rank, fastest (smallest stride) first;
@@ -51,6 +51,17 @@ def dense_strides(dims: Sequence[int], order: Sequence[int]) -> List[int]:
     return strides
 
 
+def channels_last_order(ndim: int) -> List[int]:
+    """The stride order of channels-last (NHWC, NDHWC): channels fastest, then the
+    spatial dims innermost first, the batch slowest."""
+    order = [0] * ndim
+    order[1] = 0
+    for rank, dim in enumerate(range(ndim - 1, 1, -1), start=1):
+        order[dim] = rank
+    order[0] = ndim - 1
+    return order
+
+
 def _node_kind(node) -> str:
     return getattr(getattr(node, "node_type", None), "name", "")
 
@@ -78,6 +89,9 @@ def undeclared_output_strides(graph) -> Dict[int, List[int]]:
             if output is None or output.stride_assigned or not output.dim:
                 continue
             dims = list(output.dim)
+            if kind.startswith("CONV_"):
+                inferred[id(output)] = dense_strides(dims, channels_last_order(len(dims)))
+                continue
             candidates = inputs if kind == "POINTWISE" else inputs[:1]
             same_dims = next((t for t in candidates if list(t.dim) == dims), None)
             if same_dims is not None:
