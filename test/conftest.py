@@ -31,6 +31,10 @@ def _load_by_path(name: str, path: str):
 load_auxiliary = _load_by_path("extension_build", os.path.join(ROOT, "tools", "extension_build.py")).load_auxiliary
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+requires_native_path = pytest.mark.skipif(
+    os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") == "0",
+    reason="the native path is off (TORCH_CUDNN_HANDLE_NATIVE=0): every backward goes through Python",
+)
 
 
 def build_pool_seam():

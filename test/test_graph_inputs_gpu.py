@@ -165,6 +165,9 @@ def test_an_int8_nhwc_conv_accumulating_in_int32():
     assert torch.equal(y.cpu(), reference)
 
 
+@pytest.mark.xfail(strict=True, reason="measured on the H200 (cuDNN 9.19): a float32 relu whose output is set to "
+                   "float16 writes neither the op's nor the frontend's own output as torch.relu(x).half() (negative "
+                   "values, garbage), with the torch dtype or the cudnn one; open")
 def test_set_data_type_with_a_torch_dtype():
     x = torch.randn(32, 64, device="cuda")
     (y,) = run_or_skip(RELU_TO_HALF, [x])
@@ -174,7 +177,10 @@ def test_set_data_type_with_a_torch_dtype():
 
 
 def test_an_fp8_tensor_into_a_graph_built_for_fp16_is_refused_with_the_fix():
-    graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, handle=tch.current_handle(0))
+    graph = cudnn.pygraph(
+        io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
+        handle=tch.current_handle(0),
+    )
     x = graph.tensor(name="x", dim=[8, 16], stride=[16, 1], data_type=torch.float16)
     y = graph.relu(x).set_output(True).set_dim([8, 16]).set_stride([16, 1]).set_data_type(torch.float16)
     graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -211,7 +217,10 @@ def test_an_nhwc_conv_written_with_set_output_only():
 
 def test_an_fp8_tensor_into_a_graph_built_for_another_type_is_refused_at_trace_time():
     with tch.build_scope(0) as handle:
-        graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, handle=handle)
+        graph = cudnn.pygraph(
+            io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT, compute_data_type=cudnn.data_type.FLOAT,
+            handle=handle,
+        )
         x = graph.tensor(name="x", dim=[8, 16], stride=[16, 1], data_type=cudnn.data_type.HALF)
         y = graph.relu(x).set_output(True).set_dim([8, 16]).set_stride([16, 1]).set_data_type(torch.float16)
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

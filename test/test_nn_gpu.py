@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import python_backward_calls, requires_cuda
+from conftest import python_backward_calls, requires_cuda, requires_native_path
 from torch_cudnn_handle import execute as tch_execute
 
 pytestmark = requires_cuda
@@ -127,6 +127,7 @@ def test_the_gelu_graphs_pre_activation_output_is_differentiable_too():
 
 
 @pytest.mark.parametrize("module", ["sdpa", "rmsnorm"])
+@requires_native_path
 def test_declared_backwards_reach_python_only_on_their_first_call(module):
     torch.manual_seed(0)
     if module == "sdpa":

@@ -9,7 +9,7 @@ import torch
 from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
-from conftest import python_backward_calls, requires_cuda, run_concurrently, run_in_thread
+from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently, run_in_thread
 from graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
 
 pytestmark = requires_cuda
@@ -70,6 +70,7 @@ def test_a_single_backward_graph_differentiates_the_op():
     torch.testing.assert_close(x.grad, (x > 0).to(x.dtype) * 3)
 
 
+@requires_native_path
 def test_a_declared_backward_runs_natively_once_its_graph_is_built():
     x = torch.randn(3, 40, 24, device="cuda", dtype=torch.float16).requires_grad_()
     side = torch.cuda.Stream()
