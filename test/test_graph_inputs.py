@@ -9,7 +9,6 @@ convolution); bad input is refused with the fix. test_graph_inputs_gpu.py runs t
 same graphs on a GPU against the frontend's own execution.
 """
 
-import types
 
 import cudnn
 import pytest

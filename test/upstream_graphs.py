@@ -30,7 +30,6 @@ upstream snapshot has no such graph (conv dgrad, fp8 matmul).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cudnn

@@ -31,7 +31,7 @@ import torch
 from . import _C
 from . import registry as _registry_module
 from .pool import current_handle
-from .registry import TensorSpec, symbolic
+from .registry import symbolic
 from .registry.specs import is_host_scalar
 
 _registry = _registry_module._registry

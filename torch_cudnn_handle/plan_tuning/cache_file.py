@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import warnings
 from typing import Any, Dict, Mapping, Sequence
 
+from .._atomic_file import replace_atomically
 from .choice import Spec
 
 
@@ -60,25 +60,13 @@ def write_cache_entries(path: str, entries: Mapping[str, dict]) -> bool:
     """Merge ``entries`` into the file: atomically (a temp file in the same directory,
     then os.replace), over what other processes wrote meanwhile. False, never an
     exception, when the file cannot be written."""
-    temp = None
     try:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with _exclusive(path):
             merged = read_cache(path)
             merged.update(entries)
-            descriptor, temp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                json.dump({"format": 1, "entries": merged}, file, indent=1, sort_keys=True)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, path)
-            temp = None
+            replace_atomically(path, json.dumps({"format": 1, "entries": merged}, indent=1, sort_keys=True).encode("utf-8"))
         return True
     except Exception as error:  # noqa: BLE001 -- a cache problem never fails a build
         warnings.warn(f"torch_cudnn_handle: could not write the plan tuning cache {path!r} ({error}); the choice is kept for this process only")
         return False
-    finally:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.remove(temp)

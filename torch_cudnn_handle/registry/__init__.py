@@ -27,7 +27,7 @@ from .. import _C
 from . import description, kernel_caches
 from .build import BuiltGraph
 from .cache import GraphRegistry
-from . import symbolic
+from . import symbolic  # noqa: F401 -- registry.symbolic: the fake kernel (op.py) imports it from here
 from .data_types import GraphDataTypes
 from .kernel_caches import set_dynamic_shapes
 from .plan_store import set_plan_cache

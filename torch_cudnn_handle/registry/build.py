@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 from .. import _C, plan_tuning
 from ..build_scope import build_scope

@@ -33,10 +33,11 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import warnings
 from typing import Any, Mapping, Optional, Tuple
+
+from .._atomic_file import replace_atomically
 
 __all__ = ["PlanStore", "plan_key", "set_plan_cache", "plan_cache_enabled", "plan_cache_dir", "store", "stats"]
 
@@ -109,30 +110,19 @@ class PlanStore:
     def store(self, key: str, blob: bytes, metadata: Optional[Mapping[str, Any]] = None) -> bool:
         """Write ``blob`` under ``key`` atomically. False, with a warning, never an
         exception, when it cannot be written (the plan is then only this process's)."""
-        path, temp = self.path_of(key), None
+        path = self.path_of(key)
         header = json.dumps(
             dict(format=_FORMAT, key=key, bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest(), metadata=dict(metadata or {})),
             sort_keys=True, separators=(",", ":"),
         ).encode("utf-8")
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            descriptor, temp = tempfile.mkstemp(dir=self.directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(_MAGIC + header + b"\n" + bytes(blob))
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, path)
-            temp = None
+            replace_atomically(path, _MAGIC + header + b"\n" + bytes(blob))
             self._count(disk_writes=1)
             return True
         except Exception as error:  # noqa: BLE001 -- a store problem never fails a build
             self._count(disk_write_errors=1)
             warnings.warn(f"torch_cudnn_handle: could not store the plan {path!r} ({error}); it is kept for this process only")
             return False
-        finally:
-            if temp is not None:
-                with contextlib.suppress(OSError):
-                    os.remove(temp)
 
     def stats(self) -> dict:
         with self._lock:

@@ -15,7 +15,7 @@ inputs some other way (a sum or product of sizes, padding) is refused with the f
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import torch
 
