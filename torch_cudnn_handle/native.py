@@ -182,14 +182,15 @@ def _by_value_bytes(entry) -> bytes:
     return struct.pack("<f", as_float)[2:]  # bfloat16: the float32's high half (bf16 values are exact floats)
 
 
-def backend_plan_of(graph, uids: Tuple[int, ...]) -> Tuple[Optional[NativePlanSpec], str]:
+def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = None) -> Tuple[Optional[NativePlanSpec], str]:
     """``(spec, why)``: what ``_C.native_register`` needs when ``graph``'s selected plan
     can run natively with the operands ``uids`` and what the frontend adds per call,
-    else ``(None, the reason)``."""
+    else ``(None, the reason)``. ``serialized``: ``graph.serialize(as_bytes=True)`` when
+    the caller already has it (the plan store's blob), so it is not made twice."""
     if getattr(graph, "selected_engine", None) is not None:
         return None, f"served by the frontend's Python engine {graph.selected_engine.name!r}"
     try:
-        document = decode_ubjson(graph.serialize(as_bytes=True))
+        document = decode_ubjson(serialized if serialized is not None else graph.serialize(as_bytes=True))
     except Exception as error:  # noqa: BLE001 -- a graph the frontend cannot serialize keeps the Python path
         return None, f"not serializable ({type(error).__name__}: {error})"
     if document.get("json_version") not in _JSON_VERSIONS:

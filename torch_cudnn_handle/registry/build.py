@@ -82,7 +82,7 @@ def _build(
         native, serial, reason = False, 0, "native path disabled"
         native_started = time.perf_counter()
         if native_enabled:
-            spec, reason = backend_plan_of(graph, uids)
+            spec, reason = backend_plan_of(graph, uids, obtained.serialized)
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device
                     serial, _ = _C.native_register(

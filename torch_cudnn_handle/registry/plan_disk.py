@@ -131,9 +131,10 @@ def _version_forms(version) -> set:
     return forms
 
 
-def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tuple[Any, dict]]:
-    """``(graph, metadata)``: the plan stored under ``key``, deserialized on ``handle`` (a
-    built ``cudnn.pygraph``), or None (not stored, or rejected with a warning)."""
+def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tuple[Any, bytes, dict]]:
+    """``(graph, blob, metadata)``: the plan stored under ``key``, deserialized on
+    ``handle`` (a built ``cudnn.pygraph``), with its serialized form, or None (not stored,
+    or rejected with a warning)."""
     store = plan_store.store()
     loaded = store.load(key) if store is not None else None
     if loaded is None:
@@ -144,20 +145,22 @@ def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tup
         try:
             graph = cudnn.pygraph(name=name, handle=handle)
             graph.deserialize(handle, blob)
-            return graph, metadata
+            return graph, blob, metadata
         except Exception as error:  # noqa: BLE001 -- a plan cuDNN will not take back is rejected and rebuilt
             why = f"cuDNN could not deserialize it ({type(error).__name__}: {error})"
     store.reject(key, why)
     return None
 
 
-def store_graph(key: str, graph, metadata: dict) -> bool:
-    """Store a built graph's plan under ``key`` (a backend plan only; False otherwise)."""
+def store_graph(key: str, graph, metadata: dict) -> Optional[bytes]:
+    """Store a built graph's plan under ``key`` (a backend plan only); its serialized
+    form (whether or not the write succeeded), or None when there is none to store."""
     store = plan_store.store()
     if store is None or getattr(graph, "selected_engine", None) is not None:
-        return False
+        return None
     try:
         blob = graph.serialize(as_bytes=True)
     except Exception:  # noqa: BLE001 -- not serializable: it stays this process's
-        return False
-    return store.store(key, blob, metadata)
+        return None
+    store.store(key, blob, metadata)
+    return blob

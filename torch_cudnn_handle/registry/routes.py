@@ -42,6 +42,7 @@ class Obtained:
     route: str  # "static" | "kernel_cache" | "disk_cache"
     route_reason: str
     engine: Optional[str] = None  # a disk entry's recorded engine (a deserialized graph cannot name it)
+    serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # where the time went: describe, load, build, store
 
 
@@ -67,10 +68,11 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         loaded = plan_disk.load_graph(key, definition.name, handle, uids)
         clock.lap("load")
         if loaded is not None:
-            loaded_graph, metadata = loaded
+            loaded_graph, blob, metadata = loaded
             choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
             return Obtained(
-                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"), clock.seconds
+                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"),
+                clock.seconds, serialized=blob,
             )
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
@@ -94,12 +96,13 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             )
     clock.lap("build")
 
+    serialized = None
     if key is not None:
         from .build import _engine_of  # build.py imports this module
 
-        plan_disk.store_graph(key, graph, dict(plan=choice.plan, index=choice.index, engine=_engine_of(graph), route=route))
+        serialized = plan_disk.store_graph(key, graph, dict(plan=choice.plan, index=choice.index, engine=_engine_of(graph), route=route))
         clock.lap("store")
-    return Obtained(graph, outputs, layout, uids, choice, route, reason, seconds=clock.seconds)
+    return Obtained(graph, outputs, layout, uids, choice, route, reason, seconds=clock.seconds, serialized=serialized)
 
 
 class _Clock:
