@@ -47,7 +47,7 @@ std::vector<at::Tensor> execute_below_autograd(int64_t graph, at::TensorList inp
 // (OutputMeta), never as the output itself.
 struct NodeCall : torch::CustomClassHolder {
   int64_t graph = 0;
-  const GraphRecord* record = nullptr;  // nullptr: the graph has no backward (the backward says so)
+  const GraphRecord* record = nullptr;  // nullptr: no record (a registered built graph: no backward, which says so)
   std::vector<int64_t> input_slots;  // index into the saved variables, -1: not saved
   std::vector<int64_t> output_slots;
   std::vector<OutputMeta> output_metas;
