@@ -190,8 +190,8 @@ def test_a_failed_native_registration_falls_back_once_with_its_reason(monkeypatc
     from torch_cudnn_handle import native
     from torch_cudnn_handle.registry import build
 
-    def corrupted(graph, uids):
-        spec, why = native.backend_plan_of(graph, uids)
+    def corrupted(graph, uids, serialized=None):
+        spec, why = native.backend_plan_of(graph, uids, serialized)
         return (None, why) if spec is None else (native.NativePlanSpec("{not a plan"), why)
 
     monkeypatch.setattr(build, "backend_plan_of", corrupted)  # where _build looks it up

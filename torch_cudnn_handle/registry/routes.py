@@ -72,7 +72,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
             return Obtained(
                 loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"),
-                clock.seconds, serialized=blob,
+                serialized=blob, seconds=clock.seconds,
             )
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
