@@ -80,7 +80,7 @@ def test_differentiable_outputs_follow_the_declaration():
 
     gid = tch.register_graph(two_outputs, name="first_only", backward_fn=backward_fn, backward_reads=[],
                              differentiable_outputs=[0], materialize_grads=False)
-    x = torch.empty(2, 8, device="meta", requires_grad=True)
+    x = torch.empty(1, 2, 8, device="meta", requires_grad=True)
     a, b = tch.execute(gid, [x])
     assert a.requires_grad and not b.requires_grad
     (a.sum() + b.sum()).backward()

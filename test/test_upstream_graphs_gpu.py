@@ -27,7 +27,7 @@ import cudnn  # noqa: E402
 
 import torch_cudnn_handle as tch  # noqa: E402
 from conftest import requires_cuda  # noqa: E402
-from upstream_graphs import GRAPHS, compare_region, path_of, run_with_frontend  # noqa: E402
+from upstream_graphs import BY_NAME, GRAPHS, compare_region, path_of, run_with_frontend  # noqa: E402
 
 pytestmark = requires_cuda
 
@@ -183,3 +183,29 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         sys.exit("--table needs a CUDA GPU")
     print_table()
+
+
+# ---------------------------------------------------------------------------------------
+# torch.bool operands: bits in cuDNN (Note [Bit-packed booleans] in bool_operands.py)
+
+
+def test_a_bool_mask_output_is_every_element_and_a_bool_input_is_read_as_torch_means_it_under_capture():
+    entry = BY_NAME["batchnorm_relu_mask"]
+    inputs = entry.make_inputs("cuda")
+    outputs = tch.execute(entry.graph_id, _fresh(inputs))
+    y, mask = outputs[0], outputs[5]
+    assert mask.dtype == torch.bool and mask.stride() == y.stride()
+    assert torch.equal(mask, y > 0)  # every element, not the first eighth
+    assert torch.equal(tch.execute(entry.graph_id, _fresh(inputs))[5], mask)  # nothing left unwritten
+    assert "bool" in tch.built_graphs(entry.graph_id)[0].path_reason
+
+    drelu = BY_NAME["drelu_dadd_dbn"]
+    static = drelu.make_inputs("cuda")  # x, x_mask, scale, mean, inv_var, dY
+    torch.ops.cudnn_fe.execute(drelu.graph_id, static)  # built before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = torch.ops.cudnn_fe.execute(drelu.graph_id, static)
+    static[1].copy_(~static[1])  # a new mask: the replay packs it again
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], static[5] * static[1])

@@ -866,14 +866,11 @@ GRAPHS: List[UpstreamGraph] = [
                   note="upstream also binds an epsilon the backward node never reads; left out"),
     UpstreamGraph("batchnorm_relu_mask", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_relu_with_mask",
                   batchnorm_relu_mask, _batchnorm_inputs, _batchnorm_reference, [(1e-3, 1e-3)] * 6,
-                  known_issue="output 5 (the bool relu mask) differs between two runs of the frontend itself (H200, "
-                              "cuDNN 9.19): part of it is left unwritten or packed; open",
-                  note="upstream writes the running stats in place (into the inputs); here they are outputs"),
+                  note="the bool mask (output 5) is written by cuDNN as bits, which the op unpacks; upstream writes the running stats in place (into the inputs); here they are outputs"),
     UpstreamGraph("drelu_dadd_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_drelu_dadd_dbn[dump_dX_dRelu1]",
                   drelu_dadd_dbn, _drelu_dbn_inputs, _drelu_dbn_reference, [(1e-3, 1e-3)] + [(1e-2, 1e-2)] * 3,
-                  known_issue="bitwise equal to the frontend, but output 0 (dY scaled by a bool mask input) differs from "
-                              "dY * mask in half the elements (H200, cuDNN 9.19): how cuDNN reads a torch bool tensor is open",
-                  note="upstream runs it without a reference; reference and tolerance ours"),
+                  note="the bool mask input is read by cuDNN as bits, which the op packs; upstream runs it without a "
+                       "reference; reference and tolerance ours"),
     UpstreamGraph("bn_infer_drelu_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_infer_drelu_dbn",
                   bn_infer_drelu_dbn, _bn_infer_inputs, _bn_infer_reference, [(1e-2, 1e-2)] * 3,
                   note="upstream runs it without a reference; reference and tolerance ours"),
@@ -961,11 +958,44 @@ def run_with_frontend(entry: UpstreamGraph, inputs: Sequence[torch.Tensor]) -> L
         torch.empty_strided(list(t.dim), list(t.stride), dtype=_TORCH_OF[t.data_type], device=device) for t in outputs
     ]
     workspace = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=device)
-    pack = {t: x for t, x in zip(tensors, inputs)}
+    pack = {t: as_cudnn_bits(x) if x.dtype == torch.bool and x.is_cuda else x for t, x in zip(tensors, inputs)}
     pack.update(zip(outputs, results))
     with torch.cuda.device(device):
         graph.execute(pack, workspace, handle=tch.current_handle(device.index))
-    return results
+    return [from_cudnn_bits(r) if r.dtype == torch.bool else r for r in results]
+
+
+# cuDNN's BOOLEAN tensors are bits (LSB first, at each element's memory offset; measured,
+# Note [Bit-packed booleans] in torch_cudnn_handle/bool_operands.py). The frontend hands
+# a torch.bool buffer over as it is, so running it "as upstream does" means giving it
+# bits and reading bits back. Written here independently of the op's packing (dense
+# tensors only, which is all these graphs have).
+
+
+def _memory_order(t: torch.Tensor) -> List[int]:
+    return sorted(range(t.dim()), key=lambda axis: -t.stride()[axis])
+
+
+def as_cudnn_bits(t: torch.Tensor) -> torch.Tensor:
+    """A torch.bool buffer like ``t`` whose first bytes hold ``t``'s elements as bits."""
+    flat = t.permute(*_memory_order(t)).reshape(-1).long()
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)])
+    weights = 2 ** torch.arange(8, device=t.device)
+    packed = (flat.view(-1, 8) * weights).sum(1).to(torch.uint8)
+    buffer = torch.zeros_like(t)
+    torch.as_strided(buffer.view(torch.uint8), (packed.numel(),), (1,)).copy_(packed)
+    return buffer
+
+
+def from_cudnn_bits(t: torch.Tensor) -> torch.Tensor:
+    """The elements a torch.bool buffer's first bytes hold as bits, with ``t``'s layout."""
+    n = t.numel()
+    raw = torch.as_strided(t.view(torch.uint8), (-(-n // 8),), (1,)).long()
+    bits = ((raw.unsqueeze(1) // 2 ** torch.arange(8, device=t.device)) % 2).reshape(-1)[:n].bool()
+    order = _memory_order(t)
+    out = torch.empty_like(t)
+    out.permute(*order).copy_(bits.view([t.shape[a] for a in order]))
+    return out
 
 
 def compare_region(entry: UpstreamGraph, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> List[torch.Tensor]:

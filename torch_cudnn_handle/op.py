@@ -28,7 +28,7 @@ from typing import List, Sequence
 
 import torch
 
-from . import _C
+from . import _C, bool_operands
 from . import registry as _registry_module
 from .pool import current_handle
 from .registry import symbolic
@@ -108,7 +108,13 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
     # Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the
     # host address cuDNN reads the value from (at capture, in a CUDA-graph capture).
     workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=_device(built)) if built.workspace_size else None
-    built.graph.execute([*_aligned(inputs), *outputs], workspace, handle=handle, tensor_uids=built.uids)
+    inputs = _aligned(inputs)
+    if bool_operands.has_bool(built.inputs, built.layout.outputs):  # Note [Bit-packed booleans]
+        launched_inputs, launched_outputs = bool_operands.pack_call(inputs, outputs)
+        built.graph.execute([*launched_inputs, *launched_outputs], workspace, handle=handle, tensor_uids=built.uids)
+        bool_operands.unpack_outputs(outputs, launched_outputs)
+        return
+    built.graph.execute([*inputs, *outputs], workspace, handle=handle, tensor_uids=built.uids)
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,

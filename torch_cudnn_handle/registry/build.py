@@ -29,7 +29,7 @@ import time
 import warnings
 from typing import Any, Optional, Tuple
 
-from .. import _C, plan_tuning
+from .. import _C, bool_operands, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
 from .description import _Definition
@@ -81,7 +81,9 @@ def _build(
         engine = obtained.engine or _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
         native_started = time.perf_counter()
-        if native_enabled:
+        if native_enabled and bool_operands.has_bool(specs, layout.outputs):
+            reason = bool_operands.NATIVE_REASON
+        elif native_enabled:
             spec, reason = backend_plan_of(graph, uids, obtained.serialized)
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device

@@ -43,6 +43,7 @@ from .description import (
     _describe,
     _positional_arity,
     describing_handle,
+    refuse_low_rank,
 )
 from . import autograd_record, plan_store
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
@@ -147,6 +148,7 @@ class GraphRegistry:
             raise ValueError("register_built_graph: name the device the graph was built for, e.g. device='cuda:0'")
         in_specs = tuple(_spec_of_cudnn_tensor(t, f"input {i}") for i, t in enumerate(inputs))
         out_specs = tuple(_spec_of_cudnn_tensor(t, f"output {i}") for i, t in enumerate(outputs))
+        refuse_low_rank(name or "register_built_graph", in_specs)  # Note [Tensors of fewer than 3 dims]
         built = BuiltGraph(
             graph=graph,
             device=ordinal,

@@ -105,6 +105,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
         **graph_options,
     )
+    refuse_low_rank(definition.name, specs)
     inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
     returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []
@@ -133,6 +134,29 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
     declared = tuple(bool(t.stride_assigned) for t in outputs)
     layout = GraphLayout(tuple(out_specs), tuple(positions), declared)
     return graph, inputs, outputs, layout
+
+
+# Note [Tensors of fewer than 3 dims]: cuDNN 9.19 (with frontend 1.32) computes a graph
+# on 1-D and 2-D tensors wrongly and says nothing: on the H200 a relu on a [32, 64] tensor
+# (float32, float16, bfloat16, float32 -> float16, fp8) wrote wrong values on every plan
+# the heuristics offered, while the same graph on [4, 32, 64] was exact. The frontend
+# runs such graphs as given, so the op refuses a graph whose tensors all have fewer than
+# 3 dims instead of returning wrong results; a view with a leading unit dim
+# (x.unsqueeze(0)) costs nothing and is right. Low-rank side operands of a graph on
+# higher-rank tensors (sdpa's [B] sequence lengths and ragged offsets) are measured right.
+MIN_RANK = 3
+
+
+def refuse_low_rank(graph_name: str, specs: Sequence[TensorSpec]) -> None:
+    """Raise when every device tensor of ``specs`` has 1 or 2 dims (Note [Tensors of fewer than 3 dims])."""
+    on_device = [(i, s) for i, s in enumerate(specs) if not s.host and s.shape]
+    if on_device and max(len(s.shape) for _, s in on_device) < MIN_RANK:
+        i, spec = on_device[0]
+        raise ValueError(
+            f"graph {graph_name!r}: its tensors have fewer than {MIN_RANK} dims (input {i} is {spec.describe()}); cuDNN "
+            f"computes such graphs wrongly (measured on cuDNN 9.19: every plan of a 2-D relu wrote wrong values), so the op "
+            f"refuses them. Give it {MIN_RANK}-D tensors, e.g. x.unsqueeze(0) (a view), and build the graph for them."
+        )
 
 
 def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpec]):

@@ -1,0 +1,99 @@
+"""torch.bool operands of a graph: one byte per element in torch, one bit in cuDNN.
+
+Note [Bit-packed booleans]: cuDNN reads and writes a ``BOOLEAN`` tensor bit-packed,
+eight elements per byte, least significant bit first, element ``i`` at the bit of its
+memory offset (``sum(index * stride)``). Measured on the H200 (cuDNN 9.19) with
+upstream's batchnorm relu mask (an output: the first ``n/8`` bytes written, the rest
+of a torch.bool buffer left as it was) and its drelu mask (an input: a one-byte-per-
+element torch mask read as bits, so half the elements came out wrong). The frontend
+passes a torch.bool tensor's pointer as it is, so its own ``execute`` has both
+problems. The op keeps torch's meaning instead: a bool input is packed into a scratch
+buffer before the graph runs, a bool output is written packed into scratch and unpacked
+into the tensor the op returns (or the ``out`` it was given), all on the current stream
+with torch ops, so a CUDA-graph capture records them too. Such graphs run on the Python
+path (registry/build.py says so in ``path_reason``).
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+from .registry.specs import is_host_scalar
+
+__all__ = ["NATIVE_REASON", "has_bool", "pack_call", "unpack_outputs"]
+
+NATIVE_REASON = "a torch.bool operand, packed to cuDNN's bits per call on the Python path (Note [Bit-packed booleans])"
+
+
+def has_bool(*spec_lists: Sequence) -> bool:
+    """Whether any TensorSpec in ``spec_lists`` is a torch.bool operand."""
+    return any(spec.dtype == torch.bool for specs in spec_lists for spec in specs)
+
+
+def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements from the first to one past the last a view of ``shape``/``stride`` addresses."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    # Made per call, not cached: one made during a CUDA-graph capture would hold its
+    # values only once the graph replays.
+    return torch.arange(8, dtype=torch.uint8, device=device)
+
+
+def _byte_buffer(shape: Sequence[int], stride: Sequence[int], device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(bytes, view): a scratch buffer whose first ``ceil(extent/8)`` bytes hold the bits,
+    and a torch.bool view of it with the operand's shape and strides (what the frontend
+    binds: only its pointer reaches cuDNN)."""
+    extent = _extent(shape, stride)
+    storage = torch.zeros(max(-(-extent // 8) * 8, 16), dtype=torch.uint8, device=device)
+    return storage, storage.view(torch.bool).as_strided(shape, stride) if extent else storage.view(torch.bool)[:0].view(shape)
+
+
+def packed_input(tensor: torch.Tensor) -> torch.Tensor:
+    """A torch.bool CUDA tensor as cuDNN reads it: a view with its shape and strides over
+    scratch that holds its elements as bits."""
+    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+    storage, view = _byte_buffer(shape, stride, tensor.device)
+    extent = _extent(shape, stride)
+    if extent:
+        spread = torch.zeros(-(-extent // 8) * 8, dtype=torch.uint8, device=tensor.device)
+        spread.as_strided(shape, stride).copy_(tensor)  # element -> its memory offset
+        bits = torch.bitwise_left_shift(spread.view(-1, 8), _shifts(tensor.device)).sum(1, dtype=torch.uint8)
+        storage[: bits.numel()].copy_(bits)
+    return view
+
+
+def packed_scratch(output: torch.Tensor) -> torch.Tensor:
+    """Scratch for cuDNN to write a torch.bool output's bits into (a view like ``output``)."""
+    return _byte_buffer(tuple(output.shape), tuple(output.stride()), output.device)[1]
+
+
+def unpack_into(output: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Write the bits cuDNN left in ``scratch`` (from packed_scratch) into ``output``."""
+    shape, stride = tuple(output.shape), tuple(output.stride())
+    extent = _extent(shape, stride)
+    if not extent:
+        return
+    nbytes = -(-extent // 8)
+    raw = torch.as_strided(scratch, (nbytes,), (1,)).view(torch.uint8)
+    spread = torch.bitwise_and(torch.bitwise_right_shift(raw.unsqueeze(1), _shifts(output.device)), 1).view(-1)
+    output.copy_(spread.as_strided(shape, stride).view(torch.bool))
+
+
+def pack_call(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The call's operands as cuDNN takes them: bool inputs packed, bool outputs replaced
+    by scratch (pass the result's second list to ``unpack_outputs`` after the launch)."""
+    packed_in = [packed_input(t) if t.dtype == torch.bool and not is_host_scalar(t) else t for t in inputs]
+    packed_out = [packed_scratch(t) if t.dtype == torch.bool else t for t in outputs]
+    return packed_in, packed_out
+
+
+def unpack_outputs(outputs: Sequence[torch.Tensor], launched: Sequence[torch.Tensor]) -> None:
+    for output, written in zip(outputs, launched):
+        if written is not output:
+            unpack_into(output, written)
