@@ -75,6 +75,9 @@ CudnnLibrary load() {
   bind(handle, lib.path, "cudnnBackendGetAttribute", lib.get_attribute);
   bind(handle, lib.path, "cudnnBackendFinalize", lib.finalize);
   bind(handle, lib.path, "cudnnBackendExecute", lib.execute);
+  lib.populate_cuda_graph =
+      reinterpret_cast<decltype(lib.populate_cuda_graph)>(dlsym(handle, "cudnnBackendPopulateCudaGraph"));
+  lib.update_cuda_graph = reinterpret_cast<decltype(lib.update_cuda_graph)>(dlsym(handle, "cudnnBackendUpdateCudaGraph"));
   return lib;
 }
 

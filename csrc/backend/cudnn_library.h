@@ -31,6 +31,9 @@ struct CudnnLibrary {
   decltype(&cudnnBackendGetAttribute) get_attribute = nullptr;
   decltype(&cudnnBackendFinalize) finalize = nullptr;
   decltype(&cudnnBackendExecute) execute = nullptr;
+  // cuDNN's native CUDA graph API (cuDNN >= 9.5): null with an older libcudnn.
+  decltype(&cudnnBackendPopulateCudaGraph) populate_cuda_graph = nullptr;
+  decltype(&cudnnBackendUpdateCudaGraph) update_cuda_graph = nullptr;
 };
 
 // Resolved once, on first use; throws a clear error when libcudnn is not loaded or
