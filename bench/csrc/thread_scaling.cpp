@@ -28,6 +28,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -141,6 +142,32 @@ cudnnHandle_t new_handle(cudaStream_t stream) {
   return handle;
 }
 
+// The handle plans are deserialized with (never executes anything), made once.
+cudnnHandle_t planning_handle(int device) {
+  static cudnnHandle_t handle = new_handle(c10::cuda::getCurrentCUDAStream(device).stream());
+  return handle;
+}
+
+// Thread index t's handle, made on its first run and kept for the next runs (each run's
+// thread t uses it alone; runs do not overlap), set to `stream`. One device per process.
+cudnnHandle_t handle_of_thread(int t, cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::vector<cudnnHandle_t> handles;
+  cudnnHandle_t handle = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (static_cast<int>(handles.size()) > t) handle = handles[t];
+  }
+  if (!handle) {
+    handle = new_handle(stream);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (static_cast<int>(handles.size()) <= t) handles.resize(t + 1, nullptr);
+    handles[t] = handle;
+  }
+  backend::check_cudnn(backend::cudnn_library().set_stream(handle, stream), "cudnnSetStream");
+  return handle;
+}
+
 // Thread t's variant pack: `pointers[t]` in `uids` order (the caller computed them: the
 // op's operands, pass-by-value scalars in host memory, workspace tensors, replacements),
 // its workspace `workspace[t]` (0: none), and `memsets[t]`, (address, bytes) zeroed
@@ -155,11 +182,11 @@ Elapsed backend_elapsed(const std::string& plan_json, std::vector<int64_t> uids,
   cudnnBackendDescriptor_t shared = nullptr;
   if (shared_plan) {
     c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
-    shared = backend::deserialize_plan(plan_json, new_handle(c10::cuda::getCurrentCUDAStream(device).stream()));
+    shared = backend::deserialize_plan(plan_json, planning_handle(device));
   }
   return run_threads(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    cudnnHandle_t handle = new_handle(stream);
+    cudnnHandle_t handle = handle_of_thread(t, stream);
     cudnnBackendDescriptor_t plan = shared ? shared : backend::deserialize_plan(plan_json, handle);
     std::vector<void*> addresses;
     for (const auto p : pointers[t]) addresses.push_back(reinterpret_cast<void*>(p));
@@ -236,26 +263,30 @@ double graph_calls_per_second(const std::string& plan_json, std::vector<int64_t>
   cudnnBackendDescriptor_t plan = nullptr;
   {
     c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(device));
-    plan = backend::deserialize_plan(plan_json, new_handle(c10::cuda::getCurrentCUDAStream(device).stream()));
+    plan = backend::deserialize_plan(plan_json, planning_handle(device));
   }
   const auto to_addresses = [](const std::vector<int64_t>& values) {
     std::vector<void*> addresses;
     for (const auto p : values) addresses.push_back(reinterpret_cast<void*>(p));
     return addresses;
   };
-  return calls_per_second(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
+  // Each thread's graph and executable graph, destroyed once every stream is done.
+  std::vector<std::pair<cudaGraph_t, cudaGraphExec_t>> made(threads, {nullptr, nullptr});
+  const double rate = calls_per_second(device, threads, calls, warmup, [&](int t) -> std::function<void()> {
     const auto& lib = backend::cudnn_library();
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-    cudnnHandle_t handle = new_handle(stream);
+    cudnnHandle_t handle = handle_of_thread(t, stream);
     void* ws = reinterpret_cast<void*>(workspace[t]);
     std::array<cudnnBackendDescriptor_t, 2> packs = {backend::make_variant_pack(uids, to_addresses(pointers[t]), ws),
                                                      backend::make_variant_pack(uids, to_addresses(other_pointers[t]), ws)};
     cudaGraph_t graph = nullptr;
     C10_CUDA_CHECK(cudaGraphCreate(&graph, 0));
+    made[t].first = graph;
     backend::check_cudnn(lib.populate_cuda_graph(handle, plan, packs[0], graph),
                          "cudnnBackendPopulateCudaGraph (an engine without SUPPORTS_CUDA_GRAPH_NATIVE_API?)");
     cudaGraphExec_t exec = nullptr;
     C10_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    made[t].second = exec;
     const std::vector<cudaGraphNode_t> kernels = call == GraphCall::update_nodes ? kernel_nodes(graph) : std::vector<cudaGraphNode_t>{};
     auto zero = memsets[t];
     auto next = std::make_shared<int>(0);  // which pack the next update uses: alternates, so every update moves pointers
@@ -280,6 +311,11 @@ double graph_calls_per_second(const std::string& plan_json, std::vector<int64_t>
       C10_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     };
   });
+  for (auto [graph, exec] : made) {
+    if (exec) C10_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    if (graph) C10_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+  return rate;
 }
 
 // Host microseconds to issue one call, one thread: cudnnBackendExecute's own host cost
