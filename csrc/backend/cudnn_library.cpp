@@ -75,6 +75,11 @@ CudnnLibrary load() {
   bind(handle, lib.path, "cudnnBackendGetAttribute", lib.get_attribute);
   bind(handle, lib.path, "cudnnBackendFinalize", lib.finalize);
   bind(handle, lib.path, "cudnnBackendExecute", lib.execute);
+#if CUDNN_VERSION >= 90500
+  lib.populate_cuda_graph =
+      reinterpret_cast<decltype(lib.populate_cuda_graph)>(dlsym(handle, "cudnnBackendPopulateCudaGraph"));
+  lib.update_cuda_graph = reinterpret_cast<decltype(lib.update_cuda_graph)>(dlsym(handle, "cudnnBackendUpdateCudaGraph"));
+#endif
   return lib;
 }
 

@@ -31,6 +31,11 @@ struct CudnnLibrary {
   decltype(&cudnnBackendGetAttribute) get_attribute = nullptr;
   decltype(&cudnnBackendFinalize) finalize = nullptr;
   decltype(&cudnnBackendExecute) execute = nullptr;
+#if CUDNN_VERSION >= 90500
+  // cuDNN's native CUDA graph API (declared from 9.5): null when the loaded libcudnn is older.
+  decltype(&cudnnBackendPopulateCudaGraph) populate_cuda_graph = nullptr;
+  decltype(&cudnnBackendUpdateCudaGraph) update_cuda_graph = nullptr;
+#endif
 };
 
 // Resolved once, on first use; throws a clear error when libcudnn is not loaded or
