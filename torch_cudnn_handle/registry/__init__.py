@@ -184,7 +184,8 @@ def registry_stats() -> dict:
     """Counters of the built-graph cache: hits, misses, builds (graphs built, not loaded),
     evictions, cached, capacity, and how many cached graphs run natively (from C++) or
     on the Python path; ``routes``: graphs obtained per route ("static", "kernel_cache",
-    "disk_cache"); ``plan_seconds``: the time spent obtaining them; the plan store's
+    "disk_cache"); ``plan_seconds``: the time spent obtaining them, and ``phase_seconds`` the
+    same by phase (``BuiltGraph.phase_seconds`` summed; build_timing.py); the plan store's
     ``disk_hits``, ``disk_misses``, ``disk_writes``, ``disk_rejected``, ``disk_write_errors``."""
     return _registry.stats()
 
