@@ -11,6 +11,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
     ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
+  * ``build_timing.py``: where a build's time went, phase by phase;
   * here: the public API on the one process-wide registry, and its atexit hook.
 
 Every function here is thread-safe.
