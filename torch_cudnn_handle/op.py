@@ -24,9 +24,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import List, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import _C, bool_operands
 from . import registry as _registry_module
@@ -146,8 +148,23 @@ def _device(built) -> torch.device:
     return torch.device("cuda", built.device)
 
 
+def _first_launch_timed(built, launch):
+    """``launch()``; a built graph's first launch is timed on the host into its
+    ``phase_seconds["first_execution"]`` (registry/build_timing.py)."""
+    if built.phase_seconds is None or "first_execution" in built.phase_seconds:
+        return launch()
+    started = time.perf_counter()
+    result = launch()
+    _registry.record_first_execution(built, time.perf_counter() - started)
+    return result
+
+
 def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = _built_for_call(graph, inputs)
+    return _first_launch_timed(built, lambda: _run_built(graph, built, inputs))
+
+
+def _run_built(graph: int, built, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     if built.native:  # built by this call: its first run on the plan every later call runs on
         outputs = _C.run_native(graph, inputs)
         if outputs is not None:
@@ -160,6 +177,10 @@ def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = _built_for_call(graph, inputs)
     _check_out(graph, built.layout, out, _device(built))
+    _first_launch_timed(built, lambda: _run_built_out(graph, built, inputs, out))
+
+
+def _run_built_out(graph: int, built, inputs: List[torch.Tensor], out: List[torch.Tensor]) -> None:
     if built.native and _C.run_native_out(graph, inputs, out):
         return
     staged = _aligned(out)
@@ -292,7 +313,12 @@ _POSITIONS: dict = {}  # (graph id, operand layouts) -> output positions; the ba
 
 
 def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
-    """Which builder output each of a graph's outputs is, for these operands' layouts."""
+    """Which builder output each of a graph's outputs is, for these operands' layouts.
+    Real tensors: the graph the call just ran was built for them, so its layout says
+    (describing the graph again would cost a new length a second description); fake
+    or meta ones (a trace): the description's, cached per layout."""
+    if all((t.is_cuda or is_host_scalar(t)) and not is_fake(t) for t in operands):
+        return _built_for_call(graph_id, operands).layout.output_positions  # a hit: execute() just built it
     specs = symbolic.hint_specs(operands)  # which builder output each is does not depend on sizes: no specialization
     key = (graph_id, specs)
     positions = _POSITIONS.get(key)

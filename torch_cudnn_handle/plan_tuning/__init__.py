@@ -130,14 +130,25 @@ def build_graph(
     uids: Sequence[int],
     name: str = "graph",
     fresh_graph: Optional[Callable[[], Any]] = None,
+    lap: Callable[[str], None] = lambda phase: None,
 ) -> PlanChoice:
     """Build ``graph`` (described, not built) for ``device``, tuned or not, and say what
     was selected. ``uids`` are the operands' uids in ``input_specs + output_specs`` order;
     ``handle`` is the caller's ``cudnn.Handle`` for ``device`` on torch's current stream
     there; ``fresh_graph()`` returns an unbuilt twin of ``graph`` (needed only under
-    deterministic algorithms, to learn which plans are deterministic)."""
+    deterministic algorithms, to learn which plans are deterministic). ``lap(phase)``
+    is called as each of cuDNN's build steps ends ("operation_graph", "heuristics",
+    "support", then "plan" untuned or "tune" tuned), to time them (registry/build_timing.py)."""
     if not tuning_enabled(tune):
-        graph.build(list(HEURISTICS))
+        # Exactly graph.build(HEURISTICS) (validated already), a step at a time so each is timed.
+        graph.build_operation_graph()
+        lap("operation_graph")
+        graph.create_execution_plans(list(HEURISTICS))
+        lap("heuristics")
+        graph.check_support()
+        lap("support")
+        graph.build_plans()
+        lap("plan")
         return PlanChoice(plan=None, index=None, source="heuristic", reason="tuning off")
     with torch.cuda.device(device):
         if torch.cuda.is_current_stream_capturing():
@@ -151,8 +162,11 @@ def build_graph(
     label = f"{name} on cuda:{device} for " + ", ".join(f"{str(d).replace('torch.', '')}{list(s)}:{list(t)}" for s, t, d, *_ in input_specs)
     deterministic = torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic
     graph.build_operation_graph()  # build()'s steps (validating first if needed), but its plan walk
+    lap("operation_graph")
     graph.create_execution_plans(list(HEURISTICS))
+    lap("heuristics")
     graph.check_support()
+    lap("support")
     key, path = _key_of(graph, device, layout, deterministic), cache_path()
 
     cached = read_cache(path).get(key) if key is not None else None
@@ -162,12 +176,14 @@ def build_graph(
             fastest_ms=cached.get("fastest_ms"), heuristic_plan=cached.get("heuristic_plan"), heuristic_ms=cached.get("heuristic_ms"),
         )
         _record(label, choice, cache_hits=1)
+        lap("tune")
         return choice
 
     choice, persist = time_candidates(graph, device, handle, layout, uids, deterministic, fresh_graph)
     saved = key is not None and persist and write_cache_entries(path, {key: _entry_of(choice)})
     _record(label, choice, time.perf_counter() - started, cache_misses=1, tuned=1 if choice.candidates else 0,
             fallbacks=1 if choice.source == "heuristic" else 0, cache_errors=1 if (key is not None and persist and not saved) else 0)
+    lap("tune")
     return choice
 
 

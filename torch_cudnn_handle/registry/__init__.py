@@ -11,6 +11,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
     ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
+  * ``build_timing.py``: where a build's time went, phase by phase;
   * here: the public API on the one process-wide registry, and its atexit hook.
 
 Every function here is thread-safe.
@@ -184,7 +185,8 @@ def registry_stats() -> dict:
     """Counters of the built-graph cache: hits, misses, builds (graphs built, not loaded),
     evictions, cached, capacity, and how many cached graphs run natively (from C++) or
     on the Python path; ``routes``: graphs obtained per route ("static", "kernel_cache",
-    "disk_cache"); ``plan_seconds``: the time spent obtaining them; the plan store's
+    "disk_cache"); ``plan_seconds``: the time spent obtaining them, and ``phase_seconds`` the
+    same by phase (``BuiltGraph.phase_seconds`` summed; build_timing.py); the plan store's
     ``disk_hits``, ``disk_misses``, ``disk_writes``, ``disk_rejected``, ``disk_write_errors``."""
     return _registry.stats()
 

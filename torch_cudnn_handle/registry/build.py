@@ -7,7 +7,8 @@ inside ``build_scope(device)``, with that thread's pooled handle for the device:
     built with plan_tuning.build_graph (untuned: exactly ``graph.build([A, FALLBACK])``),
     with a kernel cache under dynamic shapes; under torch.use_deterministic_algorithms(True),
     among the engines cuDNN does not mark NONDETERMINISTIC only; ``route`` and
-    ``build_seconds`` say how, and how long it took;
+    ``build_seconds`` say how, and how long it took, ``phase_seconds`` where that time
+    went, phase by phase (build_timing.py);
   * an output whose layout the builder declared must be written in that layout (a
     contract); an undeclared one is allocated as the build lays it out, which the
     description predicted for the fake kernel (output_strides.py; a miss warns, with
@@ -25,7 +26,6 @@ registered built graph refuses inputs on another device.
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
 from typing import Any, Optional, Tuple
 
@@ -33,7 +33,9 @@ from .. import _C, bool_operands, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
 from .description import _Definition
-from .routes import obtain
+from .build_timing import PhaseClock
+from .plan_disk import serialized_plan
+from .routes import engine_of, obtain
 from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
 
@@ -56,35 +58,40 @@ class BuiltGraph:
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
     route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "disk_cache" (routes.py)
     route_reason: str = ""  # why that route
-    build_seconds: float = 0.0  # wall time to obtain it: describe, build or load, native registration
-    phase_seconds: Optional[dict] = None  # build_seconds by phase: describe, load, build, store (routes.py), native
+    build_seconds: float = 0.0  # wall time to obtain it: the sum of phase_seconds but first_execution
+    phase_seconds: Optional[dict] = None  # seconds by phase (build_timing.py), first_execution added by the op's first launch
 
 
 def _build(
     definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False
 ) -> BuiltGraph:
-    started = time.perf_counter()
+    clock = PhaseClock()
     with build_scope(device) as handle:
+        clock.lap("scope")
         try:
-            obtained = obtain(definition, device, specs, handle, deterministic)
+            obtained = obtain(definition, device, specs, handle, deterministic, clock)
         except Exception:
             if not deterministic:
                 raise
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
-            obtained = obtain(definition, device, specs, handle, False)
+            obtained = obtain(definition, device, specs, handle, False, clock)
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
         layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
-        engine = obtained.engine or _engine_of(graph)
+        engine = obtained.engine or engine_of(graph)
+        clock.lap("inspect")
         native, serial, reason = False, 0, "native path disabled"
-        native_started = time.perf_counter()
         if native_enabled and bool_operands.has_bool(specs, layout.outputs):
             reason = bool_operands.NATIVE_REASON
         elif native_enabled:
-            spec, reason = backend_plan_of(graph, uids, obtained.serialized)
+            serialized = obtained.serialized
+            if serialized is None and getattr(graph, "selected_engine", None) is None:
+                serialized = serialized_plan(graph)  # None: backend_plan_of tries again and says why
+                clock.lap("serialize")
+            spec, reason = backend_plan_of(graph, uids, serialized)
             if spec is not None:
                 try:  # deserialized here, inside the build scope, with this thread's handle for the device
                     serial, _ = _C.native_register(
@@ -96,22 +103,12 @@ def _build(
                     native, reason = True, "backend plan, run from C++"
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
+            clock.lap("native")
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
         deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
-        build_seconds=time.perf_counter() - started, phase_seconds=dict(obtained.seconds, native=time.perf_counter() - native_started),
+        build_seconds=sum(clock.seconds.values()), phase_seconds=clock.seconds,
     )
-
-
-def _engine_of(graph) -> str:
-    """What serves the graph's selected plan: a frost (Python) engine's name, or the backend plan's."""
-    engine = getattr(graph, "selected_engine", None)
-    if engine is not None:
-        return f"frost:{engine.name}"
-    try:
-        return f"backend:{graph.get_plan_name_at_index(graph._plan_index)}"
-    except Exception:  # noqa: BLE001 -- a name is a report, never a reason to fail a build
-        return "backend"
 
 
 def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> GraphLayout:

@@ -75,6 +75,7 @@ class GraphRegistry:
         self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
         self.routes: "collections.Counter[str]" = collections.Counter()  # builds per route (routes.py), cumulative
         self.plan_seconds = 0.0  # time spent obtaining built graphs (BuiltGraph.build_seconds), cumulative
+        self.phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py), cumulative
 
     # -- definitions -------------------------------------------------------------
 
@@ -256,6 +257,7 @@ class GraphRegistry:
             self.counters["builds"] += built.route != "disk_cache"  # a load from the plan store is no build
             self.routes[built.route] += 1
             self.plan_seconds += built.build_seconds
+            self.phase_seconds.update(built.phase_seconds or {})
             self._built[key] = built
             self._used_ns[key] = time.monotonic_ns()
             self._evict_over_capacity()
@@ -263,6 +265,16 @@ class GraphRegistry:
         flight.result = built
         flight.done.set()
         return built
+
+    def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
+        """The op's first launch of ``built`` took ``seconds`` on the host: its
+        ``phase_seconds["first_execution"]`` (build_timing.py). Only the first record stands."""
+        if built.phase_seconds is None:  # a registered built graph: no build to time
+            return
+        with self._lock:
+            if "first_execution" not in built.phase_seconds:
+                built.phase_seconds["first_execution"] = seconds
+                self.phase_seconds["first_execution"] += seconds
 
     # -- the LRU -----------------------------------------------------------------
 
@@ -317,6 +329,7 @@ class GraphRegistry:
                 definitions=len(self._definitions),
                 routes=dict(self.routes),
                 plan_seconds=self.plan_seconds,
+                phase_seconds=dict(self.phase_seconds),
                 **plan_store.stats(),
             )
 

@@ -36,7 +36,7 @@ import torch
 from ..native import decode_ubjson
 from . import plan_store
 
-__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "store_graph"]
+__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "serialized_plan", "store_blob"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -152,15 +152,19 @@ def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tup
     return None
 
 
-def store_graph(key: str, graph, metadata: dict) -> Optional[bytes]:
-    """Store a built graph's plan under ``key`` (a backend plan only); its serialized
-    form (whether or not the write succeeded), or None when there is none to store."""
-    store = plan_store.store()
-    if store is None or getattr(graph, "selected_engine", None) is not None:
+def serialized_plan(graph) -> Optional[bytes]:
+    """A built graph's plan as the store keeps it (``graph.serialize(as_bytes=True)``), or
+    None: a frost plan (another format, never stored) or one that does not serialize."""
+    if getattr(graph, "selected_engine", None) is not None:
         return None
     try:
-        blob = graph.serialize(as_bytes=True)
+        return graph.serialize(as_bytes=True)
     except Exception:  # noqa: BLE001 -- not serializable: it stays this process's
         return None
-    store.store(key, blob, metadata)
-    return blob
+
+
+def store_blob(key: str, blob: bytes, metadata: dict) -> None:
+    """Write a serialized plan under ``key`` (when the store is on; a failed write warns)."""
+    store = plan_store.store()
+    if store is not None:
+        store.store(key, blob, metadata)

@@ -19,17 +19,17 @@ Runs inside the caller's ``build_scope(device)``, on its thread, with its handle
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import cudnn
 
 from .. import plan_tuning
-from . import kernel_caches, plan_disk
+from . import kernel_caches, plan_disk, plan_store
+from .build_timing import PhaseClock
 from .description import _describe
 from .specs import GraphLayout, TensorSpec, layout_lists
 
-__all__ = ["Obtained", "obtain"]
+__all__ = ["Obtained", "obtain", "engine_of"]
 
 
 @dataclasses.dataclass
@@ -41,12 +41,13 @@ class Obtained:
     choice: plan_tuning.PlanChoice
     route: str  # "static" | "kernel_cache" | "disk_cache"
     route_reason: str
-    engine: Optional[str] = None  # a disk entry's recorded engine (a deserialized graph cannot name it)
+    engine: Optional[str] = None  # what serves it (engine_of); a disk entry's recorded one (a deserialized graph cannot name it)
     serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
-    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # where the time went: describe, load, build, store
 
 
-def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool) -> Obtained:
+def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock) -> Obtained:
+    """The graph for ``specs``, loaded or built; ``clock`` gets each phase's seconds
+    (build_timing.py)."""
     dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
@@ -57,12 +58,14 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
         return described
 
-    clock = _Clock()
     graph, inputs, outputs, layout = describe(options)
     uids = tuple(t.uid for t in inputs + outputs)
-    operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
-    key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
     clock.lap("describe")
+    key = None
+    if plan_store.plan_cache_enabled():  # the key (a fingerprint of the description) only serves the store
+        operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
+        key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
+        clock.lap("key")
 
     if key is not None:
         loaded = plan_disk.load_graph(key, definition.name, handle, uids)
@@ -71,55 +74,55 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             loaded_graph, blob, metadata = loaded
             choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
             return Obtained(
-                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"),
-                serialized=blob, seconds=clock.seconds,
+                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"), serialized=blob,
             )
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:
         try:
             with slot.lock:  # one build at a time per kernel cache (kernel_caches.py)
-                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options)[0])
+                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options)[0], clock)
             route, reason = "kernel_cache", "dynamic shapes, the kernel cache of its structure"
         except Exception as error:  # noqa: BLE001 -- built statically instead (below)
             cache_error = error
             graph, inputs, outputs, layout = describe({})  # the dynamic description is spent
             uids = tuple(t.uid for t in inputs + outputs)
+            clock.lap("describe")
     if choice is None:
         # A static build that fails too is not the kernel cache's fault: it raises, and
         # the slot stays usable.
-        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({})[0])
+        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({})[0], clock)
         if cache_error is not None:
             slot.refused = reason = (
                 f"the build with a kernel cache failed, so graphs of this structure build statically "
                 f"({type(cache_error).__name__}: {cache_error})"
             )
-    clock.lap("build")
+    engine = engine_of(graph)
+    clock.lap("inspect")
 
     serialized = None
     if key is not None:
-        from .build import _engine_of  # build.py imports this module
-
-        serialized = plan_disk.store_graph(key, graph, dict(plan=choice.plan, index=choice.index, engine=_engine_of(graph), route=route))
-        clock.lap("store")
-    return Obtained(graph, outputs, layout, uids, choice, route, reason, seconds=clock.seconds, serialized=serialized)
-
-
-class _Clock:
-    """Seconds per phase of one obtain (BuiltGraph.phase_seconds)."""
-
-    def __init__(self):
-        self.seconds: Dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
-        self._last = now
+        serialized = plan_disk.serialized_plan(graph)
+        clock.lap("serialize")
+        if serialized is not None:
+            plan_disk.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=route))
+            clock.lap("store")
+    return Obtained(graph, outputs, layout, uids, choice, route, reason, engine, serialized=serialized)
 
 
-def _build_described(definition, device, specs, layout, uids, graph, handle, fresh_graph) -> plan_tuning.PlanChoice:
-    return plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK])
+def engine_of(graph) -> str:
+    """What serves the graph's selected plan: a frost (Python) engine's name, or the backend plan's."""
+    engine = getattr(graph, "selected_engine", None)
+    if engine is not None:
+        return f"frost:{engine.name}"
+    try:
+        return f"backend:{graph.get_plan_name_at_index(graph._plan_index)}"
+    except Exception:  # noqa: BLE001 -- a name is a report, never a reason to fail a build
+        return "backend"
+
+
+def _build_described(definition, device, specs, layout, uids, graph, handle, fresh_graph, clock: PhaseClock) -> plan_tuning.PlanChoice:
+    return plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK]), step by step
         graph,
         tune=definition.tune,
         device=device,
@@ -129,4 +132,5 @@ def _build_described(definition, device, specs, layout, uids, graph, handle, fre
         uids=uids,
         name=definition.name,
         fresh_graph=fresh_graph,
+        lap=clock.lap,
     )
