@@ -45,6 +45,7 @@ from .description import (
     describing_handle,
 )
 from . import autograd_record, plan_store
+from .ragged import RaggedOperands
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
@@ -86,7 +87,7 @@ class GraphRegistry:
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
         differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
-        dynamic_shapes=None, **params,
+        dynamic_shapes=None, ragged=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -100,6 +101,16 @@ class GraphRegistry:
             raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
         name = name or getattr(builder, "__name__", "graph")
         num_inputs = _positional_arity(builder)
+        packed = RaggedOperands.declared(name, ragged, num_inputs)
+        if packed is not None:
+            if tune:
+                raise ValueError(
+                    f"register_graph({name!r}): a graph with ragged operands cannot be tuned (tuning runs the candidates on "
+                    "random data, which are no valid offsets); drop tune=True"
+                )
+            if backward is not None or backward_fn is not None:
+                raise ValueError(f"register_graph({name!r}): a backward of a graph with ragged operands is not supported yet")
+            tune = False
         if declared is not None:
             autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
@@ -120,6 +131,7 @@ class GraphRegistry:
                 output_shapes=output_shapes,
                 **({} if data_types is None else dict(data_types=data_types)),  # the forward graph's; a backward graph keeps the default types
                 dynamic_shapes=dynamic_shapes,
+                ragged=packed,
             )
         )
         autograd_record.declare(
@@ -186,6 +198,7 @@ class GraphRegistry:
             _check_built_graph_specs(definition, specs)
             return definition.built.layout
         _check_arity(definition, len(specs))
+        specs = definition.call_specs(specs)  # a packed input's token count is no part of the key
         key = (graph_id, specs)
         with self._lock:
             layout = self._layouts.get(key)
@@ -215,7 +228,14 @@ class GraphRegistry:
         definition = self.definition(graph_id)
         if definition.built is not None:
             return _check_built_graph_inputs(definition, device, inputs)
-        return self._build_once(key, definition, device, tuple(TensorSpec.of(t) for t in inputs))
+        specs = tuple(TensorSpec.of(t) for t in inputs)
+        if definition.ragged is not None:
+            # One build serves every token count: keyed without them. The key with them
+            # (above) is never stored, so every such call on this path checks its inputs.
+            _check_arity(definition, len(specs))
+            specs = definition.call_specs(specs)
+            key = (graph_id, device, specs, deterministic)
+        return self._build_once(key, definition, device, specs)
 
     def _build_once(self, key, definition: _Definition, device: int, specs) -> BuiltGraph:
         _check_arity(definition, len(specs))
