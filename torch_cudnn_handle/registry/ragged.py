@@ -16,7 +16,10 @@ depends on ``T``:
   * a ragged output (one the builder gives a ragged offset) is returned packed,
     ``[T, H, D]`` with the strides of its 4-D descriptor's ``(S, H, D)`` dims, and the
     ``T`` of the packed input whose offsets it shares: ``o.set_ragged_offset(q_off)``
-    makes ``o`` as long as ``q``. Packed inputs that share one offsets input must have
+    makes ``o`` as long as ``q``. With offsets of its own (another op input, as
+    upstream's ``o_off``), the ``T`` of the first packed input (in input order) that
+    cuDNN describes with the same dims and strides: ``o.set_dim(q.dim).set_stride(
+    q.stride)`` makes it ``q``'s. Packed inputs that share one offsets input must have
     the same ``T``.
 
 What cannot be checked without reading device memory (a host sync the op never
