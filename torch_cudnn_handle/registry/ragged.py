@@ -170,18 +170,25 @@ class RaggedOperands:
         offsets = getattr(tensor, "ragged_offset", None)
         if offsets is None:
             return spec, -1
-        at = next((i for i, t in enumerate(graph_inputs) if t is offsets), None)
-        like = self.offsets_inputs.get(at) if at is not None else None
-        if like is None:
-            raise ValueError(
-                f"graph {self.graph!r}: output {position} has a ragged offset that is not the offsets input of a packed "
-                f"input ({sorted(self.offsets_inputs)}); give it the offsets of the packed input whose tokens it holds, "
-                "o.set_ragged_offset(q_off), so the op allocates it [T, H, D] with that input's T"
-            )
         if len(spec.shape) != 4:
             raise ValueError(
                 f"graph {self.graph!r}: ragged output {position} is {spec.describe()}; a ragged tensor is [B, H, S, D] "
                 "(o.set_dim(q.dim).set_stride(q.stride))"
+            )
+        at = next((i for i, t in enumerate(graph_inputs) if t is offsets), None)
+        like = self.offsets_inputs.get(at) if at is not None else None
+        if like is None and at is not None:
+            # Offsets of its own (upstream's o_off): as long as the first packed input
+            # cuDNN describes exactly like it (q, for an sdpa output declared like q).
+            like = next(
+                (i for i, _ in self.packed if (tuple(graph_inputs[i].dim), tuple(graph_inputs[i].stride)) == (spec.shape, spec.stride)),
+                None,
+            )
+        if like is None:
+            raise ValueError(
+                f"graph {self.graph!r}: ragged output {position} ({spec.describe()}) shares no packed input's offsets and "
+                "is laid out like none, so its token count is unknown; give it the offsets of the packed input whose tokens "
+                "it holds (o.set_ragged_offset(q_off)), or that input's dims and strides (o.set_dim(q.dim).set_stride(q.stride))"
             )
         return packed_of(spec), like
 
