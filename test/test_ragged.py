@@ -138,7 +138,7 @@ def test_bad_packed_operands_are_refused(bad, match):
         (dict(ragged={0: tch.Ragged(5, 0)}), ValueError, "max_seq_len=0 must be a positive int"),
         (dict(ragged={0: tch.Ragged(9, 48)}), ValueError, "offsets input 9 is past the builder's 7 inputs"),
         (dict(ragged={0: tch.Ragged(5, 48)}, tune=True), ValueError, "cannot be tuned"),
-        (dict(ragged={0: tch.Ragged(5, 48)}, backward=lambda g, dy: [dy]), ValueError, "backward .* not supported"),
+        (dict(backward_ragged={0: tch.Ragged(5, 48)}), TypeError, "backward_ragged declares .* give backward"),
     ],
 )
 def test_bad_declarations_are_refused_at_registration(kwargs, error, match):
@@ -156,6 +156,35 @@ def test_a_ragged_output_of_unknown_length_is_refused():
     ins = rg.inputs((1, 2, 3), (1, 2, 3), "meta") + [rg.offsets((1, 2, 3), "meta")]
     with pytest.raises(ValueError, match=r"ragged output 0 .* token count is unknown; .*o\.set_ragged_offset\(q_off\)"):
         torch.ops.cudnn_fe.execute(graph, ins)
+
+
+def test_training_forward_and_backward_give_packed_outputs_and_gradients():
+    graph = rg.register_training()
+    for lens_q, lens_kv in LENS[:2]:
+        ins = rg.training_inputs(lens_q, lens_kv, "meta")
+        for t in ins[:3]:
+            t.requires_grad_(True)
+        o, stats = torch.ops.cudnn_fe.execute(graph, ins)
+        tq = sum(lens_q)
+        assert (tuple(o.shape), tuple(stats.shape), stats.stride(), stats.dtype) == ((tq, rg.H, rg.D), (tq, rg.H, 1), (rg.H, 1, 1), torch.float32)
+        assert o.requires_grad and not stats.requires_grad  # the statistics take no gradient
+        o.float().sum().backward()
+        assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
+    backward_id = tch.registry._registry.definition(graph).backward_id
+    assert len([key for key in tch.registry._registry._layouts if key[0] == backward_id]) == 1  # T-free key
+
+
+def test_training_compiles_one_frame_forward_and_backward():
+    graph = rg.register_training()
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend=backend, fullgraph=True, dynamic=True)
+    for lens_q, lens_kv in LENS:
+        ins = rg.training_inputs(lens_q, lens_kv, "meta")
+        for t in ins[:3]:
+            t.requires_grad_(True)
+        compiled(*ins).float().sum().backward()
+        assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
+    assert (len(backend.fw_graphs), len(backend.bw_graphs)) == (1, 1)
 
 
 def test_spec_describe_names_the_token_count():

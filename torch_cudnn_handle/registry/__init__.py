@@ -85,6 +85,7 @@ def register_graph(
     compute_data_type: Any = None,
     dynamic_shapes: Optional[bool] = None,
     ragged: Optional[Dict[int, Ragged]] = None,
+    backward_ragged: Optional[Dict[int, Ragged]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -174,12 +175,14 @@ def register_graph(
     (and one native plan) serves every ``T``. The op never reads the offsets (that
     would sync with the GPU), so offsets past a buffer's ``T`` tokens, or a sequence
     longer than ``S``, make cuDNN read or write past the buffers. Such a graph is not
-    tuned and has no backward yet (registry/ragged.py).
+    tuned (tuning would run it on random offsets). ``backward_ragged`` declares the
+    packed operands of its ``backward`` graph the same way, by the backward's operand
+    positions; its gradients come back ``[T, H, D]`` like the inputs (registry/ragged.py).
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes, ragged=ragged,
+        tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes, ragged=ragged, backward_ragged=backward_ragged,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         **params,
     )

@@ -87,7 +87,7 @@ class GraphRegistry:
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
         differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
-        dynamic_shapes=None, ragged=None, **params,
+        dynamic_shapes=None, ragged=None, backward_ragged=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -108,15 +108,19 @@ class GraphRegistry:
                     f"register_graph({name!r}): a graph with ragged operands cannot be tuned (tuning runs the candidates on "
                     "random data, which are no valid offsets); drop tune=True"
                 )
-            if backward is not None or backward_fn is not None:
-                raise ValueError(f"register_graph({name!r}): a backward of a graph with ragged operands is not supported yet")
             tune = False
+        if backward_ragged is not None and backward is None:
+            raise TypeError(f"register_graph({name!r}): backward_ragged declares the packed operands of a backward graph; give backward")
+        backward_packed = RaggedOperands.declared(f"{name}_backward", backward_ragged, _positional_arity(backward)) if backward_ragged is not None else None
         if declared is not None:
             autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
         if backward is not None:
             backward_id = self._add(
-                dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune, dynamic_shapes=dynamic_shapes)
+                dict(
+                    name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward),
+                    tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
+                )
             )
         graph_id = self._add(
             dict(

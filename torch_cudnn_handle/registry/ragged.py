@@ -17,9 +17,10 @@ depends on ``T``:
     ``[T, H, D]`` with the strides of its 4-D descriptor's ``(S, H, D)`` dims, and the
     ``T`` of the packed input whose offsets it shares: ``o.set_ragged_offset(q_off)``
     makes ``o`` as long as ``q``. With offsets of its own (another op input, as
-    upstream's ``o_off``), the ``T`` of the first packed input (in input order) that
-    cuDNN describes with the same dims and strides: ``o.set_dim(q.dim).set_stride(
-    q.stride)`` makes it ``q``'s. Packed inputs that share one offsets input must have
+    upstream's ``o_off``, or an sdpa's statistics with offsets in units of ``H``), the
+    ``T`` of the first packed input (in input order) that cuDNN describes with the same
+    ``B``, ``H`` and ``S``: ``q``'s, for an sdpa's O declared like ``q`` and its
+    ``[B, H, S, 1]`` statistics. Packed inputs that share one offsets input must have
     the same ``T``.
 
 What cannot be checked without reading device memory (a host sync the op never
@@ -178,17 +179,15 @@ class RaggedOperands:
         at = next((i for i, t in enumerate(graph_inputs) if t is offsets), None)
         like = self.offsets_inputs.get(at) if at is not None else None
         if like is None and at is not None:
-            # Offsets of its own (upstream's o_off): as long as the first packed input
-            # cuDNN describes exactly like it (q, for an sdpa output declared like q).
-            like = next(
-                (i for i, _ in self.packed if (tuple(graph_inputs[i].dim), tuple(graph_inputs[i].stride)) == (spec.shape, spec.stride)),
-                None,
-            )
+            # Offsets of its own (upstream's o_off, an sdpa's stats_off): as long as the
+            # first packed input cuDNN describes with its B, H and S (q, for an sdpa's O
+            # and statistics).
+            like = next((i for i, _ in self.packed if tuple(graph_inputs[i].dim)[:3] == spec.shape[:3]), None)
         if like is None:
             raise ValueError(
                 f"graph {self.graph!r}: ragged output {position} ({spec.describe()}) shares no packed input's offsets and "
-                "is laid out like none, so its token count is unknown; give it the offsets of the packed input whose tokens "
-                "it holds (o.set_ragged_offset(q_off)), or that input's dims and strides (o.set_dim(q.dim).set_stride(q.stride))"
+                "has the [B, H, S] of none, so its token count is unknown; give it the offsets of the packed input whose "
+                "tokens it holds (o.set_ragged_offset(q_off)), or that input's dims (o.set_dim(q.dim).set_stride(q.stride))"
             )
         return packed_of(spec), like
 
