@@ -189,3 +189,15 @@ def test_training_compiles_one_frame_forward_and_backward():
 
 def test_spec_describe_names_the_token_count():
     assert TensorSpec((-1, 2, 8), (16, 8, 1), torch.float16).describe() == "float16[T, 2, 8] stride [16, 8, 1]"
+
+
+def test_ragged_graphs_are_never_tuned():
+    """Tuning times candidates on random data, which are no valid offsets: off per graph,
+    which wins over set_plan_tuning(True)."""
+    from torch_cudnn_handle import plan_tuning
+
+    graph = rg.register_training()
+    forward = tch.registry._registry.definition(graph)
+    backward = tch.registry._registry.definition(forward.backward_id)
+    for definition in (forward, backward):  # set_plan_tuning(True) and TORCH_CUDNN_HANDLE_TUNE=1 both on
+        assert plan_tuning.resolve_tuning(definition.tune, True, {"TORCH_CUDNN_HANDLE_TUNE": "1"}) is False

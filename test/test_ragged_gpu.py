@@ -162,3 +162,62 @@ def test_offsets_on_another_gpu_are_refused_with_the_fix():
     inputs[5] = inputs[5].to(f"cuda:{other}")
     with pytest.raises(ValueError, match=rf"input 5 .* ragged offsets of packed input 0 and is on cuda:{other}"):
         tch.execute(graph, inputs)
+
+
+# ---------------------------------------------------------------------------------------
+# Training: ragged statistics and the declared backward
+
+
+def _training_inputs(lens_q, lens_kv, seed):
+    inputs = _poisoned_inputs(lens_q, lens_kv, seed=seed) + [rg.offsets(lens_q, _device(), per_token=rg.H)]
+    for t in inputs[:3]:
+        t.requires_grad_(True)  # views of buffers that take no gradient: leaves
+    return inputs
+
+
+def _reference_training(inputs, d_out, lens_q, lens_kv):
+    """Per-sequence torch attention in float32: output, logsumexp statistics [T, H, 1], and grads."""
+    q, k, v = (t.detach().float().requires_grad_(True) for t in inputs[:3])
+    out = rg.reference(q, k, v, lens_q, lens_kv)
+    out.backward(d_out.float())
+    stats, tq, tk = [], 0, 0
+    for nq, nk in zip(lens_q, lens_kv):
+        scores = torch.einsum("qhd,khd->hqk", q[tq:tq + nq], k[tk:tk + nk]) * rg.ATTN_SCALE
+        stats.append(torch.logsumexp(scores, -1).transpose(0, 1)[..., None])
+        tq, tk = tq + nq, tk + nk
+    return out.detach(), torch.cat(stats).detach(), [q.grad, k.grad, v.grad]
+
+
+def test_training_one_build_each_way_gradients_match_torch():
+    graph = rg.register_training()
+    backward_id = tch.registry._registry.definition(graph).backward_id
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x)), fullgraph=True, dynamic=True)
+    for seed, (lens_q, lens_kv) in enumerate(LENS):
+        inputs = _training_inputs(lens_q, lens_kv, seed)
+        o, stats = tch.execute(graph, inputs)
+        d_out = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 100)).to(o)
+        o.backward(d_out)
+        grads = [t.grad.clone() for t in inputs[:3]]
+        ref_o, ref_stats, ref_grads = _reference_training(inputs, d_out, lens_q, lens_kv)
+        name = f"{lens_q}/{lens_kv}"
+        assert (tuple(stats.shape), stats.dtype) == ((sum(lens_q), rg.H, 1), torch.float32), name
+        torch.testing.assert_close(o.detach().float(), ref_o, **TOL, msg=lambda m: f"o {name}: {m}")
+        torch.testing.assert_close(stats, ref_stats, **TOL, msg=lambda m: f"stats {name}: {m}")
+        for what, got, want in zip("qkv", grads, ref_grads):
+            assert got.shape == inputs["qkv".index(what)].shape
+            torch.testing.assert_close(got.float(), want, **TOL, msg=lambda m, w=what: f"d{w} {name}: {m}")
+
+        for t in inputs[:3]:
+            t.grad = None
+        c_o, c_stats = compiled(*inputs)
+        c_o.backward(d_out)
+        assert torch.equal(c_o, o) and torch.equal(c_stats, stats), f"compiled forward {name} differs from eager"
+        for what, t, eager in zip("qkv", inputs[:3], grads):
+            assert torch.equal(t.grad, eager), f"compiled d{what} {name} differs from eager"
+    forward, backward = tch.built_graphs(graph), tch.built_graphs(backward_id)
+    print(f"\nragged sdpa training: forward {forward[0].engine} native={forward[0].native}; "
+          f"backward {backward[0].engine} native={backward[0].native} ({backward[0].path_reason})")
+    assert (len(forward), len(backward)) == (1, 1)  # one build each for every T
+    for built in forward + backward:
+        if built.engine.startswith("backend"):
+            assert built.native, built.path_reason

@@ -13,7 +13,10 @@
   changed right after the call; a CUDA-graph capture reads it once, at capture, and
   every replay uses that value (as torch does with a CPU scalar it passes to a kernel).
 * Refusals: any other CPU tensor, another backend, no tensor at all
-  (CompositeExplicitAutograd).
+  (CompositeExplicitAutograd), ragged offsets off the inputs' GPU (registry/ragged.py).
+* Ragged (packed [T, H, D]) operands: a packed output is allocated with the token count
+  of the input it is like (``GraphLayout.outputs_for``), here, in the fake kernel and in
+  C++ (``OperandLayout::tokens_of``).
 * Fake kernel: output layouts from the graph's description (never built), so
   torch.compile traces the op without a GPU; it refuses what a real call would. CPU
   scalars trace beside fake CUDA tensors.
@@ -71,8 +74,8 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
 
 
 def _is_ragged_offsets(graph_id: int, index: int) -> bool:
-    definition = _registry._definitions.get(graph_id)
-    return definition is not None and definition.ragged is not None and definition.ragged.describes_offsets(index) is not None
+    ragged = _registry.ragged_of(graph_id)
+    return ragged is not None and ragged.describes_offsets(index) is not None
 
 
 def _refuse_misplaced_offsets(graph_id: int, index: int, tensor: torch.Tensor, device: str) -> None:
@@ -81,7 +84,7 @@ def _refuse_misplaced_offsets(graph_id: int, index: int, tensor: torch.Tensor, d
     element)."""
     if not _is_ragged_offsets(graph_id, index):
         return
-    packed = _registry.definition(graph_id).ragged.describes_offsets(index)
+    packed = _registry.ragged_of(graph_id).describes_offsets(index)
     raise ValueError(
         f"cudnn_fe.execute: input {index} of graph {_graph_label(graph_id)} holds the ragged offsets of packed input "
         f"{packed} and is on {tensor.device}, but the graph runs on {device}; cuDNN reads ragged offsets on that GPU. "

@@ -9,6 +9,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
+  * ``ragged.py``: packed [T, H, D] operands with ragged offsets, keyed without T;
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
     ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
   * here: the public API on the one process-wide registry, and its atexit hook.

@@ -2,7 +2,8 @@
 
   * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes,
     whether torch.use_deterministic_algorithms is on), a
-    layout per (id, input TensorSpecs). A registered built graph is never in the LRU:
+    layout per (id, input TensorSpecs); a packed (ragged) input's token count is in
+    neither (ragged.py). A registered built graph is never in the LRU:
     its definition holds it.
   * Each key is built once. The first caller builds, outside the lock; concurrent first
     callers of that key wait for its ``_InFlightBuild`` and get its result or its
@@ -181,6 +182,11 @@ class GraphRegistry:
                 "(or register_built_graph()) in this process"
             )
         return definition
+
+    def ragged_of(self, graph_id: int):
+        """The packed inputs of ``graph_id`` (a ``RaggedOperands``), or None: none, or no such id."""
+        definition = self._definitions.get(graph_id)
+        return None if definition is None else definition.ragged
 
     def differentiable(self, forward_id: int) -> _Definition:
         """The definition of ``forward_id``, which must have a backward."""
