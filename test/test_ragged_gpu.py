@@ -8,7 +8,8 @@ offsets, built in ``tch.build_scope`` with ``graph.build([A, FALLBACK])``, run b
 op under ``torch.compile(fullgraph=True)``. The op's output must be BITWISE equal to the
 frontend's, and close to F.scaled_dot_product_attention run per batch element. Q, K and V
 are the head of a NaN-poisoned allocation: an engine reading past the last token would
-put NaN in the output.
+put NaN in the output. Training (ragged statistics [T, H, 1] and the declared backward)
+is checked against torch's per-sequence attention and its autograd.
 """
 
 from __future__ import annotations
@@ -212,8 +213,9 @@ def test_training_one_build_each_way_gradients_match_torch():
         c_o, c_stats = compiled(*inputs)
         c_o.backward(d_out)
         assert torch.equal(c_o, o) and torch.equal(c_stats, stats), f"compiled forward {name} differs from eager"
-        for what, t, eager in zip("qkv", inputs[:3], grads):
-            assert torch.equal(t.grad, eager), f"compiled d{what} {name} differs from eager"
+        # The backward may accumulate dQ with atomics (not bitwise repeatable): against torch.
+        for what, t, want in zip("qkv", inputs[:3], ref_grads):
+            torch.testing.assert_close(t.grad.float(), want, **TOL, msg=lambda m, w=what: f"compiled d{w} {name}: {m}")
     forward, backward = tch.built_graphs(graph), tch.built_graphs(backward_id)
     print(f"\nragged sdpa training: forward {forward[0].engine} native={forward[0].native}; "
           f"backward {backward[0].engine} native={backward[0].native} ({backward[0].path_reason})")

@@ -50,7 +50,7 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
         if is_host_scalar(tensor) and not _is_ragged_offsets(graph_id, i):
             continue
         if where.type != "cuda":
-            _refuse_misplaced_offsets(graph_id, i, tensor, "cuda")
+            _refuse_misplaced_offsets(graph_id, i, tensor, "cuda" if device is None else f"cuda:{device}")
             raise ValueError(
                 f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}{_host_scalar_rule(tensor)}; cuDNN "
                 "graphs run on CUDA tensors, all on one device. Move it with .to('cuda:N')."
