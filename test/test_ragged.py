@@ -201,3 +201,18 @@ def test_ragged_graphs_are_never_tuned():
     backward = tch.registry._registry.definition(forward.backward_id)
     for definition in (forward, backward):  # set_plan_tuning(True) and TORCH_CUDNN_HANDLE_TUNE=1 both on
         assert plan_tuning.resolve_tuning(definition.tune, True, {"TORCH_CUDNN_HANDLE_TUNE": "1"}) is False
+
+
+def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():
+    """What the CUDA kernel's Python path (op._inputs_device) says, on fake CUDA inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_cudnn_handle import op
+
+    graph = rg.register()[0]
+    offsets = rg.offsets((1, 2, 3), "cpu")
+    with FakeTensorMode():
+        ins = rg.inputs((1, 2, 3), (1, 2, 3), "cuda:0")
+    ins[5] = offsets
+    with pytest.raises(ValueError, match=r"input 5 .* ragged offsets of packed input 0 and is on cpu, but the graph runs on cuda:0.*offsets\.to\('cuda:0'\)"):
+        op._inputs_device(graph, ins)
