@@ -13,7 +13,10 @@
   changed right after the call; a CUDA-graph capture reads it once, at capture, and
   every replay uses that value (as torch does with a CPU scalar it passes to a kernel).
 * Refusals: any other CPU tensor, another backend, no tensor at all
-  (CompositeExplicitAutograd).
+  (CompositeExplicitAutograd), ragged offsets off the inputs' GPU (registry/ragged.py).
+* Ragged (packed [T, H, D]) operands: a packed output is allocated with the token count
+  of the input it is like (``GraphLayout.outputs_for``), here, in the fake kernel and in
+  C++ (``OperandLayout::tokens_of``).
 * Fake kernel: output layouts from the graph's description (never built), so
   torch.compile traces the op without a GPU; it refuses what a real call would. CPU
   scalars trace beside fake CUDA tensors.
@@ -46,9 +49,10 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
     device = None
     for i, tensor in enumerate(inputs):
         where = tensor.device
-        if is_host_scalar(tensor):
+        if is_host_scalar(tensor) and not _is_ragged_offsets(graph_id, i):
             continue
         if where.type != "cuda":
+            _refuse_misplaced_offsets(graph_id, i, tensor, "cuda" if device is None else f"cuda:{device}")
             raise ValueError(
                 f"cudnn_fe.execute: input {i} of graph {_graph_label(graph_id)} is on {where}{_host_scalar_rule(tensor)}; cuDNN "
                 "graphs run on CUDA tensors, all on one device. Move it with .to('cuda:N')."
@@ -58,6 +62,7 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
         if device is None:
             device = where.index
         elif where.index != device:
+            _refuse_misplaced_offsets(graph_id, i, tensor, f"cuda:{device}")
             raise ValueError(
                 f"cudnn_fe.execute: inputs of graph {_graph_label(graph_id)} are on more than one device (cuda:{device} and "
                 f"input {i} on {where}); put them all on the device the graph should run on."
@@ -68,6 +73,25 @@ def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
             f"{' on a GPU, only host scalars' if inputs else ''}; pass at least one CUDA tensor"
         )
     return device
+
+
+def _is_ragged_offsets(graph_id: int, index: int) -> bool:
+    ragged = _registry.ragged_of(graph_id)
+    return ragged is not None and ragged.describes_offsets(index) is not None
+
+
+def _refuse_misplaced_offsets(graph_id: int, index: int, tensor: torch.Tensor, device: str) -> None:
+    """Ragged offsets on another device than the graph's other inputs: cuDNN reads them
+    on the GPU, in the kernel, so they must be there (never a host scalar, even of one
+    element)."""
+    if not _is_ragged_offsets(graph_id, index):
+        return
+    packed = _registry.ragged_of(graph_id).describes_offsets(index)
+    raise ValueError(
+        f"cudnn_fe.execute: input {index} of graph {_graph_label(graph_id)} holds the ragged offsets of packed input "
+        f"{packed} and is on {tensor.device}, but the graph runs on {device}; cuDNN reads ragged offsets on that GPU. "
+        f"Move them there: offsets.to({device!r}) (build them there once per batch, not per call)."
+    )
 
 
 def _host_scalar_rule(tensor: torch.Tensor) -> str:
@@ -139,8 +163,9 @@ def _aligned(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return [t if _is_aligned(t) else _aligned_copy(t) for t in tensors]
 
 
-def _empty_outputs(layout, device) -> List[torch.Tensor]:
-    return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in layout.outputs]
+def _empty_outputs(layout, device, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    specs = layout.outputs_for([t.shape for t in inputs])  # a packed output: the T of the input it is like
+    return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in specs]
 
 
 def _device(built) -> torch.device:
@@ -169,14 +194,14 @@ def _run_built(graph: int, built, inputs: List[torch.Tensor]) -> List[torch.Tens
         outputs = _C.run_native(graph, inputs)
         if outputs is not None:
             return outputs
-    outputs = _empty_outputs(built.layout, _device(built))
+    outputs = _empty_outputs(built.layout, _device(built), inputs)
     _launch(built, inputs, outputs)
     return outputs
 
 
 def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = _built_for_call(graph, inputs)
-    _check_out(graph, built.layout, out, _device(built))
+    _check_out(graph, built.layout, out, _device(built), inputs)
     _first_launch_timed(built, lambda: _run_built_out(graph, built, inputs, out))
 
 
@@ -190,10 +215,10 @@ def _run_built_out(graph: int, built, inputs: List[torch.Tensor], out: List[torc
             target.copy_(written)
 
 
-def _check_out(graph: int, layout, out: Sequence[torch.Tensor], device: torch.device) -> None:
+def _check_out(graph: int, layout, out: Sequence[torch.Tensor], device: torch.device, inputs: Sequence[torch.Tensor]) -> None:
     """``out`` must be the graph's outputs exactly: their count, and each one's shape,
     strides and dtype on the inputs' device. The CUDA and the fake kernel both check."""
-    expected = layout.outputs
+    expected = layout.outputs_for([spec.shape for spec in symbolic.hint_specs(inputs)])
     if len(out) != len(expected):
         raise ValueError(
             f"cudnn_fe.execute.out: graph {_graph_label(graph)} has {len(expected)} outputs, got {len(out)} out tensors; "
@@ -234,7 +259,16 @@ def _fake_output_layouts(graph: int, inputs: Sequence[torch.Tensor], device: tor
     if definition.output_shapes is not None and symbolic.is_symbolic(inputs):
         shapes = definition.output_shapes(*[t.shape for t in inputs])
         return symbolic.shaped_outputs(definition.name, shapes, inputs, describe(symbolic.hint_specs(inputs)))
-    return symbolic.output_layouts(definition.name, describe, inputs)
+    layouts = symbolic.output_layouts(definition.name, describe, inputs)
+    if definition.ragged is None:
+        return layouts
+    # A packed output has the token count of the input it is like: that input's size,
+    # symbolic under dynamic shapes (the description, keyed without it, has TOKENS).
+    tokens_like = describe(symbolic.hint_specs(inputs)).tokens_like
+    return [
+        (sizes if like < 0 else [inputs[like].shape[0], *sizes[1:]], strides, dtype)
+        for (sizes, strides, dtype), like in zip(layouts, tokens_like or [-1] * len(layouts))
+    ]
 
 
 def _call_device(graph: int, inputs: Sequence[torch.Tensor]) -> torch.device:
@@ -244,7 +278,7 @@ def _call_device(graph: int, inputs: Sequence[torch.Tensor]) -> torch.device:
     scalar, a 0-dim device tensor) instead of describing outputs for it."""
     if not inputs:
         raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} got no input tensors; pass at least one CUDA tensor")
-    on_device = [(i, t) for i, t in enumerate(inputs) if not is_host_scalar(t)]
+    on_device = [(i, t) for i, t in enumerate(inputs) if not is_host_scalar(t) or _is_ragged_offsets(graph, i)]
     for i, tensor in on_device:
         if tensor.dim() == 0:
             raise _zero_dim_error(graph, i, tensor)
@@ -252,6 +286,10 @@ def _call_device(graph: int, inputs: Sequence[torch.Tensor]) -> torch.device:
         return inputs[0].device  # only host scalars: described as they are (a real call refuses them)
     devices = sorted({str(t.device) for _, t in on_device})
     if len(devices) > 1:
+        others = {t.device for i, t in on_device if not _is_ragged_offsets(graph, i)}
+        for i, tensor in on_device:
+            if len(others) == 1 and tensor.device not in others:
+                _refuse_misplaced_offsets(graph, i, tensor, str(next(iter(others))))
         cpu = next(((i, t) for i, t in on_device if t.device.type == "cpu"), None)
         rule = f": input {cpu[0]} is on cpu{_host_scalar_rule(cpu[1])}" if cpu else ""
         raise ValueError(
@@ -268,7 +306,7 @@ def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     layout = _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
-    _check_out(graph, layout, out, _call_device(graph, inputs))
+    _check_out(graph, layout, out, _call_device(graph, inputs), inputs)
     return None
 
 

@@ -61,9 +61,15 @@ void bind_native(py::module& m) {
       [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
          const py::bytes& plan_json, const py::sequence& by_value, int64_t fe_workspace_size,
          const py::sequence& workspace_tensors, const py::sequence& replacements,
-         std::vector<int64_t> output_positions, bool deterministic) {
+         std::vector<int64_t> output_positions, bool deterministic, const std::vector<int64_t>& tokens_of) {
         auto input_layouts = layouts_of(inputs);
         auto output_layouts = layouts_of(outputs);
+        TORCH_CHECK(tokens_of.empty() || tokens_of.size() == input_layouts.size() + output_layouts.size(),
+                    "torch_cudnn_handle: tokens_of needs one entry per input and output");
+        for (size_t i = 0; i < tokens_of.size(); ++i) {
+          auto& layout = i < input_layouts.size() ? input_layouts[i] : output_layouts[i - input_layouts.size()];
+          layout.tokens_of = tokens_of[i];
+        }
         auto extras = extras_of(by_value, fe_workspace_size, workspace_tensors, replacements);
         std::string json(plan_json);
         std::shared_ptr<const NativePlan> plan;
@@ -79,10 +85,12 @@ void bind_native(py::module& m) {
       py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
       py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
       py::arg("replacements") = py::list(), py::arg("output_positions") = std::vector<int64_t>(),
-      py::arg("deterministic") = false,
+      py::arg("deterministic") = false, py::arg("tokens_of") = std::vector<int64_t>(),
       "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
       "these input layouts; returns (serial, workspace bytes). `deterministic`: the plan was chosen among "
-      "deterministic engines only, so calls under torch.use_deterministic_algorithms(True) may run it.");
+      "deterministic engines only, so calls under torch.use_deterministic_algorithms(True) may run it. "
+      "`tokens_of`: per operand (inputs, then outputs), the input whose first size a packed (ragged) "
+      "operand has, whatever it is (-1: exact sizes); empty: none is packed.");
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },
         py::arg("graph"), py::arg("serial"));
   m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },

@@ -44,9 +44,21 @@ bool is_aligned(const at::Tensor& tensor) {
 
 }  // namespace
 
-bool OperandLayout::matches(const at::Tensor& tensor, int device) const {
+bool OperandLayout::matches(const at::Tensor& tensor, int device, at::TensorList inputs) const {
   const bool same_memory = host ? tensor.is_cpu() : (tensor.is_cuda() && tensor.get_device() == device && is_aligned(tensor));
-  return same_memory && tensor.scalar_type() == dtype && tensor.sizes().equals(sizes) && tensor.strides().equals(strides);
+  if (!same_memory || tensor.scalar_type() != dtype || !tensor.strides().equals(strides)) return false;
+  if (tokens_of < 0) return tensor.sizes().equals(sizes);
+  const auto actual = tensor.sizes();
+  if (actual.size() != sizes.size() || actual.empty() || inputs[tokens_of].dim() == 0) return false;
+  if (actual[0] != inputs[tokens_of].size(0)) return false;
+  return std::equal(actual.begin() + 1, actual.end(), sizes.begin() + 1);
+}
+
+std::vector<int64_t> OperandLayout::sizes_for(at::TensorList inputs) const {
+  if (tokens_of < 0) return sizes;
+  std::vector<int64_t> out = sizes;
+  out[0] = inputs[tokens_of].size(0);  // matches() checked that input is packed (dim > 0)
+  return out;
 }
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
@@ -66,6 +78,12 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
     for (size_t i = 0; i < outputs_.size(); ++i) output_positions_.push_back(static_cast<int64_t>(i));
   }
   TORCH_CHECK(output_positions_.size() == outputs_.size(), "torch_cudnn_handle: a native plan needs one position per output");
+  for (const auto* layouts : {&inputs_, &outputs_}) {
+    for (const auto& layout : *layouts) {
+      TORCH_CHECK(layout.tokens_of < static_cast<int64_t>(inputs_.size()) && (layout.tokens_of < 0 || !layout.sizes.empty()),
+                  "torch_cudnn_handle: a packed operand's token count must come from one of the plan's inputs");
+    }
+  }
   pack_uids_ = operand_uids_;
   by_value_storage_.resize(extras_.by_value.size());
   for (size_t i = 0; i < extras_.by_value.size(); ++i) {
@@ -116,15 +134,15 @@ void NativePlan::mark_used() const {
 bool NativePlan::matches(at::TensorList inputs) const {
   if (inputs.size() != inputs_.size()) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs_[i].matches(inputs[i], device_)) return false;
+    if (!inputs_[i].matches(inputs[i], device_, inputs)) return false;
   }
   return true;
 }
 
-bool NativePlan::matches_outputs(at::TensorList outputs) const {
+bool NativePlan::matches_outputs(at::TensorList inputs, at::TensorList outputs) const {
   if (outputs.size() != outputs_.size()) return false;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (outputs_[i].host || !outputs_[i].matches(outputs[i], device_)) return false;
+    if (outputs_[i].host || !outputs_[i].matches(outputs[i], device_, inputs)) return false;
   }
   return true;
 }

@@ -43,12 +43,21 @@ struct OperandLayout {
   // the host before it returns (so the tensor may die right after the call; under
   // CUDA-graph capture the value read at capture is baked into the graph).
   bool host = false;
+  // A packed (ragged) operand: its first size (the token count T) is that of input
+  // `tokens_of`, whatever it is, and `sizes[0]` is a placeholder. A packed input names
+  // the first packed input sharing its ragged offsets (itself: any T), a packed output
+  // the input it is as long as. -1: every size is exact. cuDNN describes a ragged
+  // tensor without T (registry/ragged.py), so one plan serves every token count.
+  int64_t tokens_of = -1;
 
   // Same layout on the same kind of memory: a device operand on `device` with a
   // 16-byte aligned data pointer (plans are built for aligned operands, the frontend
   // sets no lower alignment, so a misaligned view takes the Python path, which stages
-  // it through an aligned copy); a host scalar on the CPU.
-  bool matches(const at::Tensor& tensor, int device) const;
+  // it through an aligned copy); a host scalar on the CPU. `inputs`: the call's, which
+  // a packed operand's token count is read from.
+  bool matches(const at::Tensor& tensor, int device, at::TensorList inputs) const;
+  // The sizes of this operand in a call on `inputs` (a packed one's T filled in).
+  std::vector<int64_t> sizes_for(at::TensorList inputs) const;
 };
 
 // What the frontend adds to a call besides the operands, from its serialized graph.
@@ -87,7 +96,7 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   int64_t last_used_ns() const { return last_used_ns_.load(std::memory_order_relaxed); }
 
   bool matches(at::TensorList inputs) const;
-  bool matches_outputs(at::TensorList outputs) const;
+  bool matches_outputs(at::TensorList inputs, at::TensorList outputs) const;
 
   // Runs the plan on `handle` (this thread's, for the plan's device, set to `stream`),
   // with the right context already current.

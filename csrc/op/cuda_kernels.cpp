@@ -72,7 +72,12 @@ std::vector<at::Tensor> run_plan(const native::NativePlan& plan, at::TensorList 
   for (const auto& layout : plan.outputs()) {
     // Straight from the CUDA allocator (device-guarded inside), not through the
     // dispatcher: this is the hot path, and the tensors are real CUDA tensors.
-    outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
+    // A packed (ragged) output is as long as the input it is like (OperandLayout::tokens_of).
+    if (layout.tokens_of < 0) {
+      outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes, layout.strides, layout.dtype, device));
+    } else {
+      outputs.emplace_back(at::detail::empty_strided_cuda(layout.sizes_for(inputs), layout.strides, layout.dtype, device));
+    }
   }
   plan.execute(call.handle, call.stream, inputs, outputs);
   return outputs;
@@ -125,7 +130,7 @@ std::optional<std::vector<at::Tensor>> run_native_backward(const GraphRecord& re
 
 bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out) {
   auto plan = native::NativePlanTable::instance().find(graph, inputs);
-  if (!plan || !plan->matches_outputs(out)) return false;
+  if (!plan || !plan->matches_outputs(inputs, out)) return false;
   DeviceCall call(plan->device());
   plan->execute(call.handle, call.stream, inputs, out);
   return true;

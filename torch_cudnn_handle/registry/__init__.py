@@ -9,6 +9,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
+  * ``ragged.py``: packed [T, H, D] operands with ragged offsets, keyed without T;
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
     ``plan_disk.py``), with a kernel cache (``kernel_caches.py``), or statically;
   * ``build_timing.py``: where a build's time went, phase by phase;
@@ -20,7 +21,7 @@ Every function here is thread-safe.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import torch
 
@@ -32,10 +33,12 @@ from . import symbolic  # noqa: F401 -- registry.symbolic: the fake kernel (op.p
 from .data_types import GraphDataTypes
 from .kernel_caches import set_dynamic_shapes
 from .plan_store import set_plan_cache
+from .ragged import Ragged
 from .specs import BackwardOperand, GraphLayout, TensorSpec
 
 __all__ = [
     "BackwardOperand",
+    "Ragged",
     "TensorSpec",
     "GraphLayout",
     "BuiltGraph",
@@ -83,6 +86,8 @@ def register_graph(
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
     dynamic_shapes: Optional[bool] = None,
+    ragged: Optional[Dict[int, Ragged]] = None,
+    backward_ragged: Optional[Dict[int, Ragged]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -159,11 +164,27 @@ def register_graph(
     ``set_dynamic_shapes()`` / ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES`` (default off). A
     graph whose build with the cache fails is built statically; ``built_graphs(id)``
     says which ``route`` served each layout, and why.
+
+    Ragged (packed, THD) operands: ``ragged={i: Ragged(offsets=j, max_seq_len=S)}``
+    makes op input ``i`` a packed ``[T, H, D]`` token buffer whose ragged offsets are op
+    input ``j`` (``B + 1`` int64 or int32 elements on the same GPU: where each batch
+    element starts, in elements, so cumulative token counts times ``H*D`` for a
+    contiguous buffer), its sequences at most ``S`` tokens. The builder gets it as
+    cuDNN's ragged tensor, 4-D ``[B, H, S, D]``, its ragged offset already set. An
+    output the builder gives a ragged offset is returned packed, ``[T, H, D]``, with
+    the token count of the packed input whose offsets it shares
+    (``o.set_ragged_offset(q_off)``). The token count is no part of any key: one build
+    (and one native plan) serves every ``T``. The op never reads the offsets (that
+    would sync with the GPU), so offsets past a buffer's ``T`` tokens, or a sequence
+    longer than ``S``, make cuDNN read or write past the buffers. Such a graph is not
+    tuned (tuning would run it on random offsets). ``backward_ragged`` declares the
+    packed operands of its ``backward`` graph the same way, by the backward's operand
+    positions; its gradients come back ``[T, H, D]`` like the inputs (registry/ragged.py).
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-        tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes,
+        tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes, ragged=ragged, backward_ragged=backward_ragged,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         **params,
     )

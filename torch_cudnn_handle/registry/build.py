@@ -35,6 +35,7 @@ from ..native import backend_plan_of
 from .description import _Definition
 from .build_timing import PhaseClock
 from .plan_disk import serialized_plan
+from .ragged import packed_of
 from .routes import engine_of, obtain
 from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
@@ -99,6 +100,7 @@ def _build(
                         spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
                         output_positions=list(layout.output_positions), deterministic=deterministic,
+                        **_token_counts(definition, len(specs), layout),
                     )
                     native, reason = True, "backend plan, run from C++"
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
@@ -111,6 +113,19 @@ def _build(
     )
 
 
+def _token_counts(definition: _Definition, num_inputs: int, layout: GraphLayout) -> dict:
+    """For a graph with packed (ragged) operands: per operand, inputs then outputs, the
+    input whose first size (T) it has, whatever it is (-1: its sizes are exact). A packed
+    input names the first packed input sharing its offsets (itself: any T), a packed
+    output the input it is like, so one native plan serves every token count."""
+    if definition.ragged is None:
+        return {}
+    packed = dict(definition.ragged.packed)
+    inputs = [definition.ragged.tokens_group(i) if i in packed else -1 for i in range(num_inputs)]
+    outputs = list(layout.tokens_like) or [-1] * len(layout.outputs)
+    return dict(tokens_of=inputs + outputs)
+
+
 def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> GraphLayout:
     """The outputs as the build writes them. A declared layout is a contract: the build
     must write exactly it. An undeclared one is what the build chose (the frontend
@@ -120,6 +135,8 @@ def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> G
     specs = []
     for i, (tensor, expected) in enumerate(zip(outputs, described.outputs)):
         written = TensorSpec(tuple(tensor.dim), tuple(tensor.stride), torch_dtype_of(tensor.data_type))
+        if described.tokens_like and described.tokens_like[i] >= 0:  # ragged: the op's packed [T, H, D]
+            written = packed_of(written)
         if described.is_declared(i) and written != expected:
             raise ValueError(
                 f"graph {definition.name!r}: the build writes output {i} as {written.describe()}, but the builder "

@@ -2,7 +2,8 @@
 
   * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes,
     whether torch.use_deterministic_algorithms is on), a
-    layout per (id, input TensorSpecs). A registered built graph is never in the LRU:
+    layout per (id, input TensorSpecs); a packed (ragged) input's token count is in
+    neither (ragged.py). A registered built graph is never in the LRU:
     its definition holds it.
   * Each key is built once. The first caller builds, outside the lock; concurrent first
     callers of that key wait for its ``_InFlightBuild`` and get its result or its
@@ -46,6 +47,7 @@ from .description import (
     refuse_low_rank,
 )
 from . import autograd_record, plan_store
+from .ragged import RaggedOperands
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
@@ -88,7 +90,7 @@ class GraphRegistry:
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
         differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
-        dynamic_shapes=None, **params,
+        dynamic_shapes=None, ragged=None, backward_ragged=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -102,12 +104,26 @@ class GraphRegistry:
             raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
         name = name or getattr(builder, "__name__", "graph")
         num_inputs = _positional_arity(builder)
+        packed = RaggedOperands.declared(name, ragged, num_inputs)
+        if packed is not None:
+            if tune:
+                raise ValueError(
+                    f"register_graph({name!r}): a graph with ragged operands cannot be tuned (tuning runs the candidates on "
+                    "random data, which are no valid offsets); drop tune=True"
+                )
+            tune = False
+        if backward_ragged is not None and backward is None:
+            raise TypeError(f"register_graph({name!r}): backward_ragged declares the packed operands of a backward graph; give backward")
+        backward_packed = RaggedOperands.declared(f"{name}_backward", backward_ragged, _positional_arity(backward)) if backward_ragged is not None else None
         if declared is not None:
             autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
         backward_id = None
         if backward is not None:
             backward_id = self._add(
-                dict(name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward), tune=tune, dynamic_shapes=dynamic_shapes)
+                dict(
+                    name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward),
+                    tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
+                )
             )
         graph_id = self._add(
             dict(
@@ -122,6 +138,7 @@ class GraphRegistry:
                 output_shapes=output_shapes,
                 **({} if data_types is None else dict(data_types=data_types)),  # the forward graph's; a backward graph keeps the default types
                 dynamic_shapes=dynamic_shapes,
+                ragged=packed,
             )
         )
         autograd_record.declare(
@@ -169,6 +186,11 @@ class GraphRegistry:
             )
         return definition
 
+    def ragged_of(self, graph_id: int):
+        """The packed inputs of ``graph_id`` (a ``RaggedOperands``), or None: none, or no such id."""
+        definition = self._definitions.get(graph_id)
+        return None if definition is None else definition.ragged
+
     def differentiable(self, forward_id: int) -> _Definition:
         """The definition of ``forward_id``, which must have a backward."""
         forward = self.definition(forward_id)
@@ -189,6 +211,7 @@ class GraphRegistry:
             _check_built_graph_specs(definition, specs)
             return definition.built.layout
         _check_arity(definition, len(specs))
+        specs = definition.call_specs(specs)  # a packed input's token count is no part of the key
         key = (graph_id, specs)
         with self._lock:
             layout = self._layouts.get(key)
@@ -218,7 +241,14 @@ class GraphRegistry:
         definition = self.definition(graph_id)
         if definition.built is not None:
             return _check_built_graph_inputs(definition, device, inputs)
-        return self._build_once(key, definition, device, tuple(TensorSpec.of(t) for t in inputs))
+        specs = tuple(TensorSpec.of(t) for t in inputs)
+        if definition.ragged is not None:
+            # One build serves every token count: keyed without them. The key with them
+            # (above) is never stored, so every such call on this path checks its inputs.
+            _check_arity(definition, len(specs))
+            specs = definition.call_specs(specs)
+            key = (graph_id, device, specs, deterministic)
+        return self._build_once(key, definition, device, specs)
 
     def _build_once(self, key, definition: _Definition, device: int, specs) -> BuiltGraph:
         _check_arity(definition, len(specs))

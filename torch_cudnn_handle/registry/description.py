@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 
 import cudnn
 import torch
@@ -23,6 +23,7 @@ import torch
 from .. import _C
 from .data_types import GraphDataTypes
 from .output_strides import undeclared_output_strides
+from .ragged import RaggedOperands
 from .specs import GraphLayout, TensorSpec, cudnn_data_type_of, torch_dtype_of
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ class _Definition:
     output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
     data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
     dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
+    ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
+
+    def call_specs(self, specs: Sequence[TensorSpec]) -> Tuple[TensorSpec, ...]:
+        """What keys and describes a call: its specs, a packed input's token count left out."""
+        return tuple(specs) if self.ragged is None else self.ragged.call_specs(specs)
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
@@ -106,7 +112,10 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         **graph_options,
     )
     refuse_low_rank(definition.name, specs)
-    inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
+    ragged = definition.ragged
+    inputs = [_input_tensor(graph, i, spec, specs, ragged) for i, spec in enumerate(specs)]
+    if ragged is not None:
+        ragged.set_offsets(inputs)
     returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []
     for position, tensor in enumerate(returned):
@@ -121,6 +130,8 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
             positions.append(position)
     if not outputs:
         raise ValueError(f"graph {definition.name!r}: the builder returned no output tensor")
+    if ragged is not None:
+        ragged.check_builder_kept(inputs)
     _validate_description(graph)
     inferred = undeclared_output_strides(graph)
     out_specs = []
@@ -132,7 +143,11 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
             )
         out_specs.append(TensorSpec(tuple(tensor.dim), tuple(inferred.get(id(tensor), tensor.stride)), _output_dtype(definition, i, tensor)))
     declared = tuple(bool(t.stride_assigned) for t in outputs)
-    layout = GraphLayout(tuple(out_specs), tuple(positions), declared)
+    tokens_like = ()
+    if ragged is not None:  # a ragged output is returned packed, [T, H, D] (ragged.py)
+        packed = [ragged.packed_output(i, tensor, spec, inputs) for i, (tensor, spec) in enumerate(zip(outputs, out_specs))]
+        out_specs, tokens_like = [spec for spec, _ in packed], tuple(like for _, like in packed)
+    layout = GraphLayout(tuple(out_specs), tuple(positions), declared, tokens_like)
     return graph, inputs, outputs, layout
 
 
@@ -159,13 +174,17 @@ def refuse_low_rank(graph_name: str, specs: Sequence[TensorSpec]) -> None:
         )
 
 
-def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpec]):
+def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpec], ragged: Optional[RaggedOperands] = None):
     """The graph tensor of op input ``index``. A host scalar is a pass-by-value operand
     (cuDNN reads its value on the host when the plan executes); a 0-dim one is
     described with as many unit dims as the first device input has (a norm's epsilon
-    is [1, 1, 1, 1] next to a 4-d input), since a cuDNN tensor has at least one dim."""
+    is [1, 1, 1, 1] next to a 4-d input), since a cuDNN tensor has at least one dim.
+    A packed input is cuDNN's 4-D ragged tensor (ragged.py)."""
     shape, stride = list(spec.shape), list(spec.stride)
-    if spec.host and not shape:
+    packed = ragged.graph_dims(index, specs) if ragged is not None else None
+    if packed is not None:
+        shape, stride = packed
+    elif spec.host and not shape:
         rank = next((len(s.shape) for s in specs if not s.host and s.shape), 1)
         shape, stride = [1] * rank, [1] * rank
     return graph.tensor(

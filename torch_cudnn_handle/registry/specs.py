@@ -15,6 +15,9 @@ import torch
 from cudnn.datatypes import _cudnn_to_torch_data_type, torch_to_cudnn_data_type
 
 
+# A packed (ragged) operand's token count in a spec: any; it is no part of a key (ragged.py).
+TOKENS = -1
+
 # torch's packed fp4 (``float4_e2m1fn_x2``) counts pairs where a cuDNN tensor counts
 # elements, so a shape cannot cross unchanged: left out of the dtypes a graph takes.
 _PACKED_DTYPES = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
@@ -66,7 +69,8 @@ class TensorSpec:
 
     def describe(self) -> str:
         where = " on the host (pass-by-value)" if self.host else ""
-        return f"{str(self.dtype).replace('torch.', '')}{list(self.shape)} stride {list(self.stride)}{where}"
+        shape = "[" + ", ".join("T" if n == TOKENS else str(n) for n in self.shape) + "]"
+        return f"{str(self.dtype).replace('torch.', '')}{shape} stride {list(self.stride)}{where}"
 
 
 def layout_lists(specs) -> list:
@@ -96,9 +100,22 @@ class GraphLayout:
     # keep) or left them to cuDNN (the build's layout is what the op allocates).
     # Empty: all declared (a registered built graph).
     declared: Tuple[bool, ...] = ()
+    # Per output, the op input whose token count a packed (ragged) output has, its
+    # spec's first size being TOKENS; -1: not packed. Empty: none is (ragged.py).
+    tokens_like: Tuple[int, ...] = ()
 
     def is_declared(self, index: int) -> bool:
         return not self.declared or self.declared[index]
+
+    def outputs_for(self, input_shapes: Sequence[Sequence[int]]) -> Tuple[TensorSpec, ...]:
+        """The output specs of a call whose inputs have ``input_shapes``: a packed output
+        gets the token count of the input it is like."""
+        if not any(i >= 0 for i in self.tokens_like):
+            return self.outputs
+        return tuple(
+            spec if like < 0 else dataclasses.replace(spec, shape=(int(input_shapes[like][0]), *spec.shape[1:]))
+            for spec, like in zip(self.outputs, self.tokens_like)
+        )
 
 
 def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:

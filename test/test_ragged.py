@@ -1,0 +1,218 @@
+"""Ragged (packed [T, H, D]) operands without a GPU: what the builder sees, the token
+count left out of every key, outputs sized [T, H, D] (eager fake kernel, torch.compile with
+symbolic T, execute.out), and the refusals. Meta tensors run the descriptions, never a build."""
+
+import pytest
+import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+import torch_cudnn_handle as tch
+from torch_cudnn_handle.registry.specs import TensorSpec
+
+import ragged_graphs as rg
+
+LENS = [((5, 17, 30), (9, 12, 40)), ((48, 1, 9), (2, 3, 4)), ((20, 20, 20), (48, 48, 48))]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("own_o", [False, True], ids=["shared_offsets", "own_o_offsets"])
+def test_outputs_are_packed_like_q_and_one_description_serves_every_token_count(own_o):
+    graph = rg.register()[own_o]
+    for lens_q, lens_kv in LENS:
+        (o,) = torch.ops.cudnn_fe.execute(graph, rg.inputs(lens_q, lens_kv, "meta", own_o=own_o))
+        assert (tuple(o.shape), o.stride(), o.dtype) == ((sum(lens_q), rg.H, rg.D), (rg.H * rg.D, rg.D, 1), torch.float16)
+    layouts = [key for key in tch.registry._registry._layouts if key[0] == graph]
+    assert len(layouts) == 1, layouts  # T is no part of the layout key
+    assert layouts[0][1][0].describe() == "float16[T, 4, 64] stride [256, 64, 1]"
+
+
+def test_the_builder_sees_cudnns_ragged_tensor():
+    seen = {}
+
+    def builder(g, q, k, v, seq_len_q, seq_len_kv, q_off, kv_off):
+        seen.update(q=(list(q.dim), list(q.stride)), k=(list(k.dim), list(k.stride)),
+                    q_off=q.ragged_offset is q_off, k_off=k.ragged_offset is kv_off, v_off=v.ragged_offset is kv_off)
+        return rg.sdpa_shared(g, q, k, v, seq_len_q, seq_len_kv, q_off, kv_off, attn_scale=rg.ATTN_SCALE)
+
+    graph = tch.register_graph(builder, ragged={0: tch.Ragged(5, 32), 1: tch.Ragged(6, 16), 2: tch.Ragged(6, 16)})
+    torch.ops.cudnn_fe.execute(graph, rg.inputs((3, 4, 5), (6, 7, 8), "meta"))
+    hd = rg.H * rg.D
+    assert seen == dict(
+        q=([rg.B, rg.H, 32, rg.D], [32 * hd, rg.D, hd, 1]), k=([rg.B, rg.H, 16, rg.D], [16 * hd, rg.D, hd, 1]),
+        q_off=True, k_off=True, v_off=True,
+    )
+
+
+def test_a_non_contiguous_token_buffer_keeps_its_strides():
+    """q, k, v as slices of one [T, 3, H, D] buffer: the token stride is 3*H*D, in the
+    graph's descriptor and in the packed output declared like q."""
+    graph = rg.register()[0]
+    lens = (4, 5, 6)
+    qkv = torch.empty(sum(lens), 3, rg.H, rg.D, dtype=torch.float16, device="meta")
+    q, k, v = qkv.unbind(1)
+    rest = rg.inputs(lens, lens, "meta")[3:]
+    (o,) = torch.ops.cudnn_fe.execute(graph, [q, k, v, *rest])
+    assert (tuple(o.shape), o.stride()) == ((15, rg.H, rg.D), (3 * rg.H * rg.D, rg.D, 1))
+
+
+def test_compile_dynamic_one_frame_with_symbolic_tokens():
+    graph = rg.register()[0]
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend=backend, fullgraph=True, dynamic=True)
+    for lens_q, lens_kv in LENS:
+        o = compiled(*rg.inputs(lens_q, lens_kv, "meta"))
+        assert tuple(o.shape) == (sum(lens_q), rg.H, rg.D)
+    assert len(backend.fw_graphs) == 1
+    (output,) = [n for n in backend.fw_graphs[0].graph.nodes if n.op == "output"]
+    (traced,) = [v for v in output.args[0] if v is not None]
+    assert isinstance(traced.meta["val"].shape[0], torch.SymInt)  # the output's T is q's symbol, not a constant
+
+
+def test_compile_static_recompiles_per_token_count_but_describes_once():
+    graph = rg.register()[0]
+    calls = []
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend="aot_eager", fullgraph=True, dynamic=False)
+    for lens_q, lens_kv in LENS:
+        calls.append(tuple(compiled(*rg.inputs(lens_q, lens_kv, "meta")).shape))
+    assert calls == [(sum(lq), rg.H, rg.D) for lq, _ in LENS]
+    assert len([key for key in tch.registry._registry._layouts if key[0] == graph]) == 1
+
+
+def test_execute_out_takes_an_output_of_qs_token_count_only():
+    graph = rg.register()[0]
+    ins = rg.inputs((5, 6, 7), (1, 2, 3), "meta")
+    torch.ops.cudnn_fe.execute.out(graph, ins, out=[torch.empty(18, rg.H, rg.D, dtype=torch.float16, device="meta")])
+    with pytest.raises(ValueError, match=r"out\[0\].*float16\[19, 4, 64\].*writes float16\[18, 4, 64\]"):
+        torch.ops.cudnn_fe.execute.out(graph, ins, out=[torch.empty(19, rg.H, rg.D, dtype=torch.float16, device="meta")])
+
+
+# -- refusals ------------------------------------------------------------------------
+
+
+def test_offsets_on_another_device_are_refused_with_the_fix():
+    graph = rg.register()[0]
+    ins = rg.inputs((5, 6, 7), (1, 2, 3), "meta")
+    ins[6] = ins[6].to("cpu") if ins[6].device.type != "meta" else torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"input 6 .* ragged offsets of packed input 1 and is on cpu.*offsets\.to\('meta'\)"):
+        torch.ops.cudnn_fe.execute(graph, ins)
+
+
+def test_a_one_element_cpu_offsets_tensor_is_no_host_scalar():
+    """B = 0 gives a one-element offsets tensor, which elsewhere would pass by value."""
+    graph = rg.register()[0]
+    ins = rg.inputs((5,), (1,), "meta")
+    ins[5] = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"input 5 .* ragged offsets of packed input 0 and is on cpu"):
+        torch.ops.cudnn_fe.execute(graph, ins)
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda ins: ins.__setitem__(0, ins[0].view(-1, rg.D)), r"input 0 .* packed .* must be a \[T, H, D\] GPU tensor"),
+        (lambda ins: ins.__setitem__(5, ins[5].float()), r"input 5 .* ragged offsets of input 0, is float32\[4\]"),
+        (lambda ins: ins.__setitem__(2, ins[2][:-1]), r"inputs 1 and 2 .* share ragged offsets \(input 6\) but hold 6 and 5 tokens"),
+    ],
+    ids=["not_3d", "float_offsets", "shared_offsets_other_t"],
+)
+def test_bad_packed_operands_are_refused(bad, match):
+    graph = rg.register()[0]
+    ins = rg.inputs((1, 2, 3), (1, 2, 3), "meta")
+    bad(ins)
+    with pytest.raises(ValueError, match=match):
+        torch.ops.cudnn_fe.execute(graph, ins)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(ragged=[0]), TypeError, "ragged must be a dict"),
+        (dict(ragged={0: (5, 48)}), TypeError, r"must be Ragged\(offsets"),
+        (dict(ragged={0: tch.Ragged(1, 48), 1: tch.Ragged(6, 48)}), ValueError, "not packed itself"),
+        (dict(ragged={0: tch.Ragged(5, 0)}), ValueError, "max_seq_len=0 must be a positive int"),
+        (dict(ragged={0: tch.Ragged(9, 48)}), ValueError, "offsets input 9 is past the builder's 7 inputs"),
+        (dict(ragged={0: tch.Ragged(5, 48)}, tune=True), ValueError, "cannot be tuned"),
+        (dict(backward_ragged={0: tch.Ragged(5, 48)}), TypeError, "backward_ragged declares .* give backward"),
+    ],
+)
+def test_bad_declarations_are_refused_at_registration(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tch.register_graph(rg.sdpa_shared, attn_scale=rg.ATTN_SCALE, **kwargs)
+
+
+def test_a_ragged_output_of_unknown_length_is_refused():
+    def builder(g, q, k, v, seq_len_q, seq_len_kv, q_off, kv_off, o_off):
+        o, _ = g.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=0.1, use_padding_mask=True,
+                      seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+        return o.set_dim([rg.B, rg.H, 40, rg.D]).set_stride([40 * rg.H * rg.D, rg.D, rg.H * rg.D, 1]).set_ragged_offset(o_off)
+
+    graph = tch.register_graph(builder, ragged={0: tch.Ragged(5, 48), 1: tch.Ragged(6, 48), 2: tch.Ragged(6, 48)})
+    ins = rg.inputs((1, 2, 3), (1, 2, 3), "meta") + [rg.offsets((1, 2, 3), "meta")]
+    with pytest.raises(ValueError, match=r"ragged output 0 .* token count is unknown; .*o\.set_ragged_offset\(q_off\)"):
+        torch.ops.cudnn_fe.execute(graph, ins)
+
+
+def test_training_forward_and_backward_give_packed_outputs_and_gradients():
+    graph = rg.register_training()
+    for lens_q, lens_kv in LENS[:2]:
+        ins = rg.training_inputs(lens_q, lens_kv, "meta")
+        for t in ins[:3]:
+            t.requires_grad_(True)
+        o, stats = torch.ops.cudnn_fe.execute(graph, ins)
+        tq = sum(lens_q)
+        assert (tuple(o.shape), tuple(stats.shape), stats.stride(), stats.dtype) == ((tq, rg.H, rg.D), (tq, rg.H, 1), (rg.H, 1, 1), torch.float32)
+        assert o.requires_grad and not stats.requires_grad  # the statistics take no gradient
+        o.float().sum().backward()
+        assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
+    backward_id = tch.registry._registry.definition(graph).backward_id
+    assert len([key for key in tch.registry._registry._layouts if key[0] == backward_id]) == 1  # T-free key
+
+
+def test_training_compiles_one_frame_forward_and_backward():
+    graph = rg.register_training()
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend=backend, fullgraph=True, dynamic=True)
+    for lens_q, lens_kv in LENS:
+        ins = rg.training_inputs(lens_q, lens_kv, "meta")
+        for t in ins[:3]:
+            t.requires_grad_(True)
+        compiled(*ins).float().sum().backward()
+        assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
+    assert (len(backend.fw_graphs), len(backend.bw_graphs)) == (1, 1)
+
+
+def test_spec_describe_names_the_token_count():
+    assert TensorSpec((-1, 2, 8), (16, 8, 1), torch.float16).describe() == "float16[T, 2, 8] stride [16, 8, 1]"
+
+
+def test_ragged_graphs_are_never_tuned():
+    """Tuning times candidates on random data, which are no valid offsets: off per graph,
+    which wins over set_plan_tuning(True)."""
+    from torch_cudnn_handle import plan_tuning
+
+    graph = rg.register_training()
+    forward = tch.registry._registry.definition(graph)
+    backward = tch.registry._registry.definition(forward.backward_id)
+    for definition in (forward, backward):  # set_plan_tuning(True) and TORCH_CUDNN_HANDLE_TUNE=1 both on
+        assert plan_tuning.resolve_tuning(definition.tune, True, {"TORCH_CUDNN_HANDLE_TUNE": "1"}) is False
+
+
+def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():
+    """What the CUDA kernel's Python path (op._inputs_device) says, on fake CUDA inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_cudnn_handle import op
+
+    graph = rg.register()[0]
+    offsets = rg.offsets((1, 2, 3), "cpu")
+    with FakeTensorMode():
+        ins = rg.inputs((1, 2, 3), (1, 2, 3), "cuda:0")
+    ins[5] = offsets
+    with pytest.raises(ValueError, match=r"input 5 .* ragged offsets of packed input 0 and is on cpu, but the graph runs on cuda:0.*offsets\.to\('cuda:0'\)"):
+        op._inputs_device(graph, ins)
