@@ -469,17 +469,17 @@ def section_host_costs(out: Out, args, number: int) -> None:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     rows, hidden = RMSNORM_SMALL
     norm = RMSNorm(hidden, **bf16)
-    x4 = torch.randn(rows, hidden, 1, 1, **bf16)
-    w4 = norm.weight.detach().view(1, hidden, 1, 1)
+    x4 = torch.randn(rows, hidden, **bf16)  # natural operands: the graph views them as [rows, hidden, 1, 1]
+    w4 = norm.weight.detach()
     with torch.no_grad():
         y4, inv_var = tch.execute(norm._graph, [x4, w4])
     backward_id = tch.registry._registry.definition(norm._graph).backward_id
     n_rows, k, n = LINEAR_SMALL
     x3 = torch.randn(1, n_rows, k, **bf16)
     weight = torch.randn(n, k, **bf16)
-    bias = torch.randn(1, 1, n, **bf16)
+    bias = torch.randn(n, **bf16)
     with torch.no_grad():
-        y3, z3 = tch.execute(LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias])
+        y3, z3 = tch.execute(LINEAR_GRAPHS["gelu"], [x3, weight, bias])  # natural operands
     b, h, sq, d = SDPA_SHAPE
     q, kk, v = (torch.randn(b, h, sq, d, **bf16) for _ in range(3))
     with torch.no_grad():
@@ -490,8 +490,8 @@ def section_host_costs(out: Out, args, number: int) -> None:
         ("rmsnorm bwd [4096, 1024]", backward_id, [y4, x4, w4, inv_var],
          lambda: torch.ops.aten._fused_rms_norm_backward(y4.view(rows, hidden), x4.view(rows, hidden), [hidden], inv_var.view(rows, 1),
                                                        norm.weight, [True, True]) if hasattr(torch.ops.aten, "_fused_rms_norm_backward") else None),
-        ("linear+bias+gelu fwd [2048, 1024] -> 4096", LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias],
-         lambda: F.gelu(F.linear(x3, weight, bias.view(n)))),
+        ("linear+bias+gelu fwd [2048, 1024] -> 4096", LINEAR_GRAPHS["gelu"], [x3, weight, bias],
+         lambda: F.gelu(F.linear(x3, weight, bias))),
         ("matmul dX [2048, 4096] @ [4096, 1024]", MATMUL, [y3, weight.unsqueeze(0)], lambda: torch.matmul(y3, weight)),
         ("matmul dW [4096, 2048] @ [2048, 1024]", MATMUL, [y3.mT, x3], lambda: torch.matmul(y3.mT, x3)),
         ("gelu backward [2048, 4096]", GELU_BACKWARD, [y3, z3], lambda: torch.ops.aten.gelu_backward(y3, z3)),

@@ -108,7 +108,10 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
     # Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the
     # host address cuDNN reads the value from (at capture, in a CUDA-graph capture).
     workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=_device(built)) if built.workspace_size else None
-    built.graph.execute([*_aligned(inputs), *outputs], workspace, handle=handle, tensor_uids=built.uids)
+    buffers = [*_aligned(inputs), *outputs]
+    if built.graph_views is not None:  # the graph's own views of natural operands (registry/operand_views.py)
+        buffers = [t if t.is_cpu else t.as_strided(*view) for t, view in zip(buffers, built.graph_views)]
+    built.graph.execute(buffers, workspace, handle=handle, tensor_uids=built.uids)
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,

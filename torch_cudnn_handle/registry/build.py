@@ -33,6 +33,7 @@ from .. import _C, plan_tuning
 from ..build_scope import build_scope
 from ..native import backend_plan_of
 from .description import _Definition
+from .operand_views import described_specs, natural_outputs
 from .routes import obtain
 from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
@@ -58,6 +59,10 @@ class BuiltGraph:
     route_reason: str = ""  # why that route
     build_seconds: float = 0.0  # wall time to obtain it: describe, build or load, native registration
     phase_seconds: Optional[dict] = None  # build_seconds by phase: describe, load, build, store (routes.py), native
+    # Per operand (inputs then outputs), the (shape, stride) the graph has for it, for a
+    # graph with OperandViews (None: the op's own). The Python path hands the frontend
+    # those views (a Python engine may read a buffer's shape); the native path binds addresses only.
+    graph_views: Optional[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]] = None
 
 
 def _build(
@@ -76,7 +81,7 @@ def _build(
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
-        layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, outputs, obtained.layout)
+        layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, specs, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or _engine_of(graph)
         native, serial, reason = False, 0, "native path disabled"
@@ -94,8 +99,13 @@ def _build(
                     native, reason = True, "backend plan, run from C++"
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
+    graph_views = None
+    if definition.views is not None:
+        graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, specs))
+        graph_views += tuple((tuple(t.dim), tuple(t.stride)) for t in outputs)
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
+        graph_views=graph_views,
         deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
         build_seconds=time.perf_counter() - started, phase_seconds=dict(obtained.seconds, native=time.perf_counter() - native_started),
     )
@@ -112,15 +122,16 @@ def _engine_of(graph) -> str:
         return "backend"
 
 
-def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> GraphLayout:
+def _built_layout(definition: _Definition, specs, outputs, described: GraphLayout) -> GraphLayout:
     """The outputs as the build writes them. A declared layout is a contract: the build
     must write exactly it. An undeclared one is what the build chose (the frontend
     reflects the backend's layout inference into the built graph's tensors); when that
     differs from what the description predicted, a trace made earlier described other
     strides, so say so, with the fix."""
-    specs = []
-    for i, (tensor, expected) in enumerate(zip(outputs, described.outputs)):
-        written = TensorSpec(tuple(tensor.dim), tuple(tensor.stride), torch_dtype_of(tensor.data_type))
+    built = [TensorSpec(tuple(t.dim), tuple(t.stride), torch_dtype_of(t.data_type)) for t in outputs]
+    written_specs = natural_outputs(definition.name, definition.views, specs, built)  # as the op allocates them
+    layouts = []
+    for i, (written, expected) in enumerate(zip(written_specs, described.outputs)):
         if described.is_declared(i) and written != expected:
             raise ValueError(
                 f"graph {definition.name!r}: the build writes output {i} as {written.describe()}, but the builder "
@@ -134,8 +145,8 @@ def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> G
                 "Declare the output's layout in the builder (tensor.set_dim(...).set_stride(...)) so both agree.",
                 stacklevel=2,
             )
-        specs.append(written)
-    return dataclasses.replace(described, outputs=tuple(specs))
+        layouts.append(written)
+    return dataclasses.replace(described, outputs=tuple(layouts))
 
 
 def _differs_in_memory(a: TensorSpec, b: TensorSpec) -> bool:

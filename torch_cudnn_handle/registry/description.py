@@ -22,6 +22,7 @@ import torch
 
 from .. import _C
 from .data_types import GraphDataTypes
+from .operand_views import OperandViews, described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
 from .specs import GraphLayout, TensorSpec, cudnn_data_type_of, torch_dtype_of
 
@@ -47,6 +48,7 @@ class _Definition:
     output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
     data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
     dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
+    views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
 
 
 def _default_backward_operands(grad_outputs, inputs, outputs):
@@ -105,7 +107,8 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
         **graph_options,
     )
-    inputs = [_input_tensor(graph, i, spec, specs) for i, spec in enumerate(specs)]
+    described = described_specs(definition.name, definition.views, specs)
+    inputs = [_input_tensor(graph, i, spec, described) for i, spec in enumerate(described)]
     returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
     outputs, positions = [], []
     for position, tensor in enumerate(returned):
@@ -131,7 +134,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
             )
         out_specs.append(TensorSpec(tuple(tensor.dim), tuple(inferred.get(id(tensor), tensor.stride)), _output_dtype(definition, i, tensor)))
     declared = tuple(bool(t.stride_assigned) for t in outputs)
-    layout = GraphLayout(tuple(out_specs), tuple(positions), declared)
+    layout = GraphLayout(natural_outputs(definition.name, definition.views, specs, out_specs), tuple(positions), declared)
     return graph, inputs, outputs, layout
 
 
