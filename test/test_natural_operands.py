@@ -122,3 +122,29 @@ def test_registration_refuses_bad_steps():
         Op.input(0).sum_to_input()
     with pytest.raises(TypeError, match="must be an OperandViews"):
         tch.register_graph(matmul, views=[None, None])
+
+
+def test_a_user_graph_with_steps_views_and_a_summed_bias_gradient():
+    """README's LINEAR2: dZ, then dX and dW on matmul graphs that view an operand
+    transposed, and db as dZ summed to the bias's shape."""
+
+    def linear_relu(g, x, w, b):
+        return g.relu(g.add(g.matmul(x, w), b))
+
+    relu_backward = tch.register_graph(lambda g, dy, y: g.relu_backward(dy, y), name="readme_relu_backward")
+    a_bt = tch.register_graph(matmul, name="readme_a_bt", views=OperandViews(inputs=[None, lambda b: b.mT]))
+    at_b = tch.register_graph(matmul, name="readme_at_b", views=OperandViews(inputs=[lambda a: a.mT, None]))
+    linear = tch.register_graph(
+        linear_relu, name="readme_linear2",
+        backward_steps=[
+            BackwardStep(relu_backward, [Op.grad(0), Op.output(0)]),
+            BackwardStep(a_bt, [Op.step(0), Op.input(1)], for_grads=[0]),
+            BackwardStep(at_b, [Op.input(0), Op.step(0)], for_grads=[1]),
+        ],
+        backward_grads=[Op.step(1), Op.step(2), Op.step(0).sum_to_input()],
+    )
+    half = dict(device="meta", dtype=torch.float16)
+    x, w, b = (torch.empty(*shape, requires_grad=True, **half) for shape in ((1, 16, 32), (1, 32, 8), (1, 1, 8)))
+    (y,) = tch.execute(linear, [x, w, b])
+    y.sum().backward()
+    assert (x.grad.shape, w.grad.shape, b.grad.shape) == (x.shape, w.shape, b.shape)

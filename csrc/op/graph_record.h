@@ -3,7 +3,8 @@
 //   * whether the graph has a backward, and if it is a declared one (a single backward
 //     graph whose operands are named as data: BackwardOperand), that graph and its
 //     operands, which the node assembles in C++ and, when a native plan serves them,
-//     runs with no Python (cuda_kernels.h: run_native_backward);
+//     runs with no Python (cuda_kernels.h: run_native_backward); or declared steps (several
+//     backward graphs, each through the op, so natively where native plans serve them);
 //   * which forward inputs and outputs the backward reads: the node saves those, and
 //     only when an input whose gradient needs them requires grad (Note [What a node
 //     saves] in autograd_kernels.cpp);

@@ -4,7 +4,8 @@
 torch.compile, export and CUDA graphs on every torch version. An id names a
 definition; the registry turns a definition and a call's inputs into a built graph.
 
-  * ``specs.py``: TensorSpec, GraphLayout, the torch <-> cuDNN dtype tables;
+  * ``specs.py``: TensorSpec, GraphLayout, BackwardOperand, BackwardStep, the torch <-> cuDNN dtype tables;
+  * ``operand_views.py``: natural operands (how the op's tensors map to what a builder describes);
   * ``description.py``: definitions, and the builder run on a graph description
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;

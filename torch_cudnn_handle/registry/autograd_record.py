@@ -3,10 +3,11 @@
 
 The record says whether the graph has a backward and, for a declared one (a single
 backward graph whose operands are ``BackwardOperand``\\ s), that graph and its
-operands; which inputs and outputs the backward reads (the node saves those and
-nothing more); which outputs are differentiable (the node marks the rest
-non-differentiable, so no gradient can arrive that the backward would drop); and
-whether a backward function gets zeros or None for an output without a gradient.
+operands, or for declared steps (``backward_steps``: several graphs, run in order by
+the node in C++), each step and where each input's gradient comes from; which inputs
+and outputs the backward reads (the node saves those and nothing more); which
+outputs are differentiable (the node marks the rest non-differentiable, so no gradient
+can arrive that the backward would drop); and whether a backward function gets zeros or None for an output without a gradient.
 Derived here from the registration's arguments, checked, and handed to C++.
 """
 
