@@ -148,3 +148,30 @@ def test_a_user_graph_with_steps_views_and_a_summed_bias_gradient():
     (y,) = tch.execute(linear, [x, w, b])
     y.sum().backward()
     assert (x.grad.shape, w.grad.shape, b.grad.shape) == (x.shape, w.shape, b.shape)
+
+
+class _CountExecutes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the cudnn_fe.execute calls that reach the dispatcher (every step does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.graphs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.cudnn_fe.execute.default:
+            self.graphs.append(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("frozen", ["nothing", "weight", "x"])
+def test_a_step_runs_only_for_the_gradients_that_need_it(frozen):
+    from torch_cudnn_handle.nn.linear import MATMUL_DW, MATMUL_DX, RELU_BACKWARD_ROWS
+
+    layer = FusedLinear(32, 48, "relu", **BF16)
+    layer.weight.requires_grad_(frozen != "weight")
+    x = torch.empty(4, 32, requires_grad=frozen != "x", **BF16)
+    y = layer(x)
+    with _CountExecutes() as counted:
+        y.float().sum().backward()
+    expected = {"nothing": [RELU_BACKWARD_ROWS, MATMUL_DX, MATMUL_DW], "weight": [RELU_BACKWARD_ROWS, MATMUL_DX], "x": [RELU_BACKWARD_ROWS, MATMUL_DW]}
+    assert counted.graphs == expected[frozen]
