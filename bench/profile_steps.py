@@ -2,7 +2,8 @@
 against GPU time and the kernels, the library's module against torch's fastest
 alternative at the sizes where the library is slower (SDPA causal 4x16x1024x64,
 RMSNorm 4096x1024, FusedLinear(gelu) 2048x1024 -> 4096), and the same view of
-RMSNorm 32768x4096 and of a TransformerBlock(512, 8) 8x256 training step.
+RMSNorm 32768x4096 and of a TransformerBlock(512, 8) 8x256 training step; section 8, the
+host issue time per step of every nn module against torch's at the small sizes.
 
     python bench/profile_steps.py [--out bench/results/profile_steps.txt] [--quick] [--no-plans] [--sections 1,2,...]
 
@@ -469,17 +470,17 @@ def section_host_costs(out: Out, args, number: int) -> None:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     rows, hidden = RMSNORM_SMALL
     norm = RMSNorm(hidden, **bf16)
-    x4 = torch.randn(rows, hidden, 1, 1, **bf16)
-    w4 = norm.weight.detach().view(1, hidden, 1, 1)
+    x4 = torch.randn(rows, hidden, **bf16)  # natural operands: the graph views them as [rows, hidden, 1, 1]
+    w4 = norm.weight.detach()
     with torch.no_grad():
         y4, inv_var = tch.execute(norm._graph, [x4, w4])
     backward_id = tch.registry._registry.definition(norm._graph).backward_id
     n_rows, k, n = LINEAR_SMALL
     x3 = torch.randn(1, n_rows, k, **bf16)
     weight = torch.randn(n, k, **bf16)
-    bias = torch.randn(1, 1, n, **bf16)
+    bias = torch.randn(n, **bf16)
     with torch.no_grad():
-        y3, z3 = tch.execute(LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias])
+        y3, z3 = tch.execute(LINEAR_GRAPHS["gelu"], [x3, weight, bias])  # natural operands
     b, h, sq, d = SDPA_SHAPE
     q, kk, v = (torch.randn(b, h, sq, d, **bf16) for _ in range(3))
     with torch.no_grad():
@@ -490,8 +491,8 @@ def section_host_costs(out: Out, args, number: int) -> None:
         ("rmsnorm bwd [4096, 1024]", backward_id, [y4, x4, w4, inv_var],
          lambda: torch.ops.aten._fused_rms_norm_backward(y4.view(rows, hidden), x4.view(rows, hidden), [hidden], inv_var.view(rows, 1),
                                                        norm.weight, [True, True]) if hasattr(torch.ops.aten, "_fused_rms_norm_backward") else None),
-        ("linear+bias+gelu fwd [2048, 1024] -> 4096", LINEAR_GRAPHS["gelu"], [x3, weight.unsqueeze(0).mT, bias],
-         lambda: F.gelu(F.linear(x3, weight, bias.view(n)))),
+        ("linear+bias+gelu fwd [2048, 1024] -> 4096", LINEAR_GRAPHS["gelu"], [x3, weight, bias],
+         lambda: F.gelu(F.linear(x3, weight, bias))),
         ("matmul dX [2048, 4096] @ [4096, 1024]", MATMUL, [y3, weight.unsqueeze(0)], lambda: torch.matmul(y3, weight)),
         ("matmul dW [4096, 2048] @ [2048, 1024]", MATMUL, [y3.mT, x3], lambda: torch.matmul(y3.mT, x3)),
         ("gelu backward [2048, 4096]", GELU_BACKWARD, [y3, z3], lambda: torch.ops.aten.gelu_backward(y3, z3)),
@@ -523,12 +524,57 @@ def section_host_costs(out: Out, args, number: int) -> None:
             out.say(f"  {label:44s} failed: {_reason(error)}")
 
 
+def section_module_host_times(out: Out, args, number: int) -> None:
+    """Host issue time per step of every nn module at bench/modules.py's small sizes, fwd
+    and fwd+bwd, against torch's eager reference (and F.rms_norm): the host side of the
+    module table, where the small sizes are host-bound."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of
+
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    rows, hidden = RMSNORM_SMALL
+    m, k, n = LINEAR_SMALL
+    dim, heads, batch, seq = BLOCK
+    modules = [(f"RMSNorm({hidden}) x [{rows}, {hidden}]", RMSNorm(hidden, **bf16), (rows, hidden))]
+    for activation in ("gelu", "relu", None):
+        modules.append((f"FusedLinear({k}, {n}, {activation!r}) x [{m}, {k}]", FusedLinear(k, n, activation, **bf16), (m, k)))
+    modules.append((f"Attention({dim}, {heads}) x [{batch}, {seq}, {dim}]", Attention(dim, heads, True, **bf16), (batch, seq, dim)))
+    modules.append((f"TransformerBlock({dim}, {heads}) x [{batch}, {seq}, {dim}]", TransformerBlock(dim, heads, **bf16), (batch, seq, dim)))
+    out.say(f"\n## {number}. host issue ms per step of every nn module vs torch (median of {args.rounds} rounds of {args.steps_timed} steps)")
+    out.say(f"  {'module':48s} {'mode':8s} {'library':>9s} {'torch':>9s} {'F.rms_norm':>10s} {'lib/best':>8s}")
+    for label, module, shape in modules:
+        reference = reference_of(module)
+        x = torch.randn(*shape, **bf16).requires_grad_()
+        with torch.no_grad():
+            dy = torch.randn_like(module(x))
+        for mode in ("fwd", "fwd+bwd"):
+            candidates = {
+                "library": (_step(lambda: module(x), [x, *module.parameters()], dy, mode), _nullscope),
+                "torch": (_step(lambda: reference(x), [x, *reference.parameters()], dy, mode), _nullscope),
+            }
+            if isinstance(module, RMSNorm):
+                candidates["F.rms_norm"] = (
+                    _step(lambda: F.rms_norm(x, (hidden,), module.weight, module.eps), [x, module.weight], dy, mode), _nullscope)
+            for step, scope in candidates.values():  # warm up: builds, allocator
+                for _ in range(3):
+                    step()
+            times = times_per_step(candidates, args.steps_timed, args.rounds)
+            issue = {name: value[0] for name, value in times.items()}
+            best = min(v for name, v in issue.items() if name != "library")
+            rms = f"{issue['F.rms_norm']:10.3f}" if "F.rms_norm" in issue else f"{'-':>10s}"
+            out.say(f"  {label:48s} {mode:8s} {issue['library']:9.3f} {issue['torch']:9.3f} {rms} {issue['library'] / best:7.2f}x")
+    out.say("  (host issue: perf_counter to the last launch of the steps; the GPU time of the same sizes is bench/modules.py's)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_steps.txt"), help="the full detail (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds: a smoke run")
     parser.add_argument("--no-plans", action="store_true", help="skip section 4 (every ranked plan of the sdpa graphs)")
-    parser.add_argument("--sections", default="1,2,3,4,5,6,7", help="which sections to run, comma-separated (default: all)")
+    parser.add_argument("--sections", default="1,2,3,4,5,6,7,8", help="which sections to run, comma-separated (default: all)")
     args = parser.parse_args(argv)
     args.steps_timed, args.steps_profiled, args.rounds, args.plan_calls = (10, 3, 2, 10) if args.quick else (50, 5, 5, 50)
     sections = {s.strip() for s in args.sections.split(",")}
@@ -561,6 +607,8 @@ def main(argv=None) -> int:
             section_linear(out, args, 6)
         if "7" in sections:
             section_host_costs(out, args, 7)
+        if "8" in sections:
+            section_module_host_times(out, args, 8)
         out.say(f"\nregistry: {tch.registry_stats()}; pool: {tch.pool_stats()}")
         if "4" in sections and not args.no_plans and sdpa_state:
             section_plans(out, args, sdpa_state)

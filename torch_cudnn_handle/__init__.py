@@ -25,7 +25,8 @@ __all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "poo
 
 from .build_scope import build_scope
 from .registry import (
-    BackwardOperand, Ragged, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity, set_dynamic_shapes, set_native_path,
+    BackwardOperand, BackwardStep, OperandViews, Ragged, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity,
+    set_dynamic_shapes, set_native_path,
     set_plan_cache,
 )
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
@@ -37,6 +38,8 @@ __all__ += [
     "build_scope",
     "register_graph",
     "BackwardOperand",
+    "BackwardStep",
+    "OperandViews",
     "Ragged",
     "register_built_graph",
     "registry_stats",

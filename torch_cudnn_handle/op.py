@@ -134,13 +134,16 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
     # Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the
     # host address cuDNN reads the value from (at capture, in a CUDA-graph capture).
     workspace = torch.empty(built.workspace_size, dtype=torch.uint8, device=_device(built)) if built.workspace_size else None
-    inputs = _aligned(inputs)
-    if bool_operands.has_bool(built.inputs, built.layout.outputs):  # Note [Bit-packed booleans]
-        launched_inputs, launched_outputs = bool_operands.pack_call(inputs, outputs)
-        built.graph.execute([*launched_inputs, *launched_outputs], workspace, handle=handle, tensor_uids=built.uids)
+    inputs, launched_outputs = _aligned(inputs), outputs
+    packing = bool_operands.has_bool(built.inputs, built.layout.outputs)  # Note [Bit-packed booleans]
+    if packing:
+        inputs, launched_outputs = bool_operands.pack_call(inputs, outputs)
+    buffers = [*inputs, *launched_outputs]
+    if built.graph_views is not None:  # the graph's own views of natural operands (registry/operand_views.py)
+        buffers = [t if t.is_cpu else t.as_strided(*view) for t, view in zip(buffers, built.graph_views)]
+    built.graph.execute(buffers, workspace, handle=handle, tensor_uids=built.uids)
+    if packing:
         bool_operands.unpack_outputs(outputs, launched_outputs)
-        return
-    built.graph.execute([*inputs, *outputs], workspace, handle=handle, tensor_uids=built.uids)
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,

@@ -7,8 +7,9 @@
 // backward runs on whichever thread autograd picks (the pool gives that thread its own
 // handle and binds the context it lacks). A declared backward's operands are assembled
 // here; when a native plan serves them it runs here too, else the Python registry runs
-// that backward graph. Every other backward runs in Python (backward functions are
-// user code).
+// that backward graph. A declared backward of several graphs (GraphRecord::steps) runs
+// here too, each step through the op. Every other backward runs in Python (backward
+// functions are user code).
 // execute.out: torch's rules for out= ops. Autograd refuses a call that would need a
 // gradient through `out`; ADInplaceOrView bumps each `out`'s version counter, so a
 // tensor saved for backward and then overwritten raises torch's in-place error.
@@ -51,6 +52,7 @@ struct NodeCall : torch::CustomClassHolder {
   std::vector<int64_t> input_slots;  // index into the saved variables, -1: not saved
   std::vector<int64_t> output_slots;
   std::vector<OutputMeta> output_metas;
+  std::vector<std::vector<c10::SymInt>> input_sizes;  // a stepped backward's: what a summed gradient is reduced to
 
   variable_list unpack(const variable_list& saved, const std::vector<int64_t>& slots) const {
     variable_list out(slots.size());
@@ -76,6 +78,9 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
     call->output_slots.assign(outputs.size(), -1);
     call->output_metas.reserve(outputs.size());
     const GraphRecord* record = call->record;
+    if (record && record->stepped()) {
+      for (const auto& input : inputs) call->input_sizes.push_back(input.sym_sizes().vec());
+    }
     for (size_t i = 0; record && i < inputs.size(); ++i) {
       if (!record->reads_input(static_cast<int64_t>(i), needs_grad)) continue;
       call->input_slots[i] = static_cast<int64_t>(saved.size());
@@ -102,7 +107,11 @@ class ExecuteFunction : public torch::autograd::Function<ExecuteFunction> {
     const auto outputs = call->unpack(saved, call->output_slots);
     const GraphRecord* record = call->record;
     std::vector<at::Tensor> grads;
-    if (record && record->declared()) {
+    if (record && record->stepped()) {
+      std::vector<bool> needs_grad(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) needs_grad[i] = ctx->needs_input_grad(i);
+      grads = run_backward_steps(*record, grad_outputs, inputs, outputs, call->output_metas, call->input_sizes, needs_grad);
+    } else if (record && record->declared()) {
       const auto operands = assemble_backward_operands(*record, grad_outputs, inputs, outputs, call->output_metas);
       std::optional<std::vector<at::Tensor>> native;
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA

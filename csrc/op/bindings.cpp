@@ -18,6 +18,7 @@ namespace torch_cudnn_handle {
 
 void bind_op(py::module& m) {
   using ReadTuple = std::tuple<int, int64_t, std::vector<int64_t>>;  // source, index, for_grads
+  using StepOperand = std::tuple<int, int64_t, int64_t, int64_t, bool>;  // source, index, strides_of_output, step_output, summed
   m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"),
         py::arg("run_backward_graph"));
   m.def(
@@ -25,11 +26,17 @@ void bind_op(py::module& m) {
       [](int64_t graph, bool has_backward, int64_t backward_graph,
          const std::vector<std::tuple<int, int64_t, int64_t>>& operands,
          const std::optional<std::vector<ReadTuple>>& reads,
-         const std::optional<std::vector<int64_t>>& differentiable_outputs, bool materialize_grads) {
+         const std::optional<std::vector<int64_t>>& differentiable_outputs, bool materialize_grads,
+         const std::vector<std::tuple<int64_t, std::vector<StepOperand>, std::vector<int64_t>>>& steps,
+         const std::vector<std::optional<StepOperand>>& grads) {
         using Source = GraphRecord::Source;
         auto source_of = [](int source) {
-          TORCH_CHECK(source >= 0 && source <= 2, "torch_cudnn_handle: unknown backward operand source ", source);
+          TORCH_CHECK(source >= 0 && source <= 3, "torch_cudnn_handle: unknown backward operand source ", source);
           return static_cast<Source>(source);
+        };
+        auto operand_of = [&](const StepOperand& operand) {
+          const auto& [source, index, strides_of_output, step_output, summed] = operand;
+          return GraphRecord::Operand{source_of(source), index, strides_of_output, step_output, summed};
         };
         GraphRecord record;
         record.has_backward = has_backward;
@@ -45,14 +52,25 @@ void bind_op(py::module& m) {
         record.all_outputs_differentiable = !differentiable_outputs.has_value();
         record.differentiable_outputs = differentiable_outputs.value_or(std::vector<int64_t>{});
         record.materialize_grads = materialize_grads;
+        for (const auto& [step_graph, step_operands, for_grads] : steps) {
+          GraphRecord::Step step{step_graph, {}, for_grads};
+          for (const auto& operand : step_operands) step.operands.push_back(operand_of(operand));
+          record.steps.push_back(std::move(step));
+        }
+        for (const auto& grad : grads) {
+          record.grads.push_back(grad ? std::optional<GraphRecord::Operand>(operand_of(*grad)) : std::nullopt);
+        }
         declare_graph(graph, std::move(record));
       },
       py::arg("graph"), py::arg("has_backward"), py::arg("backward_graph"), py::arg("operands"), py::arg("reads"),
-      py::arg("differentiable_outputs"), py::arg("materialize_grads"),
+      py::arg("differentiable_outputs"), py::arg("materialize_grads"), py::arg("steps") = py::list(),
+      py::arg("grads") = py::list(),
       "Declare graph's record (op/graph_record.h): its backward (a declared backward graph and its operands as "
       "(source: 0 grad, 1 input, 2 output; index; strides_of_output or -1), or -1 and none for a Python backward), "
       "what the backward reads ((source, index, for_grads), or None for everything), which outputs are "
-      "differentiable (None: all), and whether a Python backward gets zeros for a missing gradient.");
+      "differentiable (None: all), whether a Python backward gets zeros for a missing gradient, and a backward of "
+      "several graphs: steps as (graph, operands, for_grads), operands as (source: 0-2 as above, 3 an earlier step's "
+      "output; index; strides_of_output; step_output; summed), and each input's gradient as such an operand or None.");
   m.def(
       "alert_not_deterministic", [](const std::string& caller) { at::globalContext().alertNotDeterministic(caller); },
       py::arg("caller"),

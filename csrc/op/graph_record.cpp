@@ -1,5 +1,7 @@
 #include "op/graph_record.h"
 
+#include "op/execute_op.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -47,6 +49,15 @@ const at::Tensor& saved(at::TensorList tensors, int64_t index, const char* what)
   return tensor;
 }
 
+const at::Tensor& step_result(const std::vector<std::vector<at::Tensor>>& results, const GraphRecord::Operand& operand) {
+  TORCH_CHECK(operand.index >= 0 && operand.index < static_cast<int64_t>(results.size()) &&
+                  operand.step_output >= 0 && operand.step_output < static_cast<int64_t>(results[operand.index].size()),
+              "torch_cudnn_handle: a backward step reads output ", operand.step_output, " of step ", operand.index,
+              ", which did not run or has no such output: declare steps in order, and give a step the for_grads of "
+              "every step that reads it");
+  return results[operand.index][operand.step_output];
+}
+
 const OutputMeta& meta_of(const std::vector<OutputMeta>& metas, int64_t index) {
   TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(metas.size()), "torch_cudnn_handle: a declared backward "
               "operand names outputs[", index, "], but the forward call has ", metas.size(), " outputs");
@@ -89,16 +100,27 @@ const GraphRecord* graph_record(int64_t graph) {
 std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at::TensorList grads,
                                                    at::TensorList inputs, at::TensorList outputs,
                                                    const std::vector<OutputMeta>& metas) {
+  return assemble_step_operands(record.operands, grads, inputs, outputs, metas, {});
+}
+
+std::vector<at::Tensor> assemble_step_operands(const std::vector<GraphRecord::Operand>& declared, at::TensorList grads,
+                                               at::TensorList inputs, at::TensorList outputs,
+                                               const std::vector<OutputMeta>& metas,
+                                               const std::vector<std::vector<at::Tensor>>& step_results) {
   using Source = GraphRecord::Source;
   std::vector<at::Tensor> operands;
-  operands.reserve(record.operands.size());
-  for (const auto& operand : record.operands) {
+  operands.reserve(declared.size());
+  for (const auto& operand : declared) {
     if (operand.source == Source::kInput) {
       operands.push_back(saved(inputs, operand.index, "inputs"));
       continue;
     }
     if (operand.source == Source::kOutput) {
       operands.push_back(saved(outputs, operand.index, "outputs"));
+      continue;
+    }
+    if (operand.source == Source::kStep) {
+      operands.push_back(step_result(step_results, operand));
       continue;
     }
     const at::Tensor& grad = pick(grads, operand.index, "grad_outputs");
@@ -114,6 +136,41 @@ std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at
                            : at::empty_strided_symint(like.sizes, like.strides, given.options()).copy_(given));
   }
   return operands;
+}
+
+std::vector<at::Tensor> run_backward_steps(const GraphRecord& record, at::TensorList grads, at::TensorList inputs,
+                                           at::TensorList outputs, const std::vector<OutputMeta>& metas,
+                                           const std::vector<std::vector<c10::SymInt>>& input_sizes,
+                                           const std::vector<bool>& needs_grad) {
+  auto wanted = [&](const std::vector<int64_t>& for_grads) {
+    if (for_grads.empty()) return true;
+    for (const auto input : for_grads) {
+      if (input < static_cast<int64_t>(needs_grad.size()) && needs_grad[input]) return true;
+    }
+    return false;
+  };
+  std::vector<std::vector<at::Tensor>> results(record.steps.size());
+  for (size_t s = 0; s < record.steps.size(); ++s) {
+    const auto& step = record.steps[s];
+    if (!wanted(step.for_grads)) continue;
+    // Through the dispatcher: the CUDA kernel runs a native plan with no Python, any
+    // other call takes the Python path, and create_graph records the op again.
+    results[s] = execute_op().call(step.graph, assemble_step_operands(step.operands, grads, inputs, outputs, metas, results));
+  }
+  std::vector<at::Tensor> grad_inputs(inputs.size());
+  for (size_t i = 0; i < grad_inputs.size() && i < record.grads.size(); ++i) {
+    if (!record.grads[i] || i >= needs_grad.size() || !needs_grad[i]) continue;
+    const auto& from = *record.grads[i];
+    at::Tensor grad;
+    if (from.source == GraphRecord::Source::kStep) {
+      grad = step_result(results, from);
+    } else {
+      const at::Tensor& given = pick(grads, from.index, "grad_outputs");
+      grad = given.defined() ? given : meta_of(metas, from.index).zeros();
+    }
+    grad_inputs[i] = from.summed ? grad.sum_to_size_symint(input_sizes[i]) : grad;
+  }
+  return grad_inputs;
 }
 
 }  // namespace torch_cudnn_handle

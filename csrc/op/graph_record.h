@@ -3,7 +3,8 @@
 //   * whether the graph has a backward, and if it is a declared one (a single backward
 //     graph whose operands are named as data: BackwardOperand), that graph and its
 //     operands, which the node assembles in C++ and, when a native plan serves them,
-//     runs with no Python (cuda_kernels.h: run_native_backward);
+//     runs with no Python (cuda_kernels.h: run_native_backward); or declared steps (several
+//     backward graphs, each through the op, so natively where native plans serve them);
 //   * which forward inputs and outputs the backward reads: the node saves those, and
 //     only when an input whose gradient needs them requires grad (Note [What a node
 //     saves] in autograd_kernels.cpp);
@@ -19,17 +20,28 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace torch_cudnn_handle {
 
 struct GraphRecord {
-  enum class Source : int8_t { kGrad = 0, kInput = 1, kOutput = 2 };
-  // One operand of the declared backward graph.
+  enum class Source : int8_t { kGrad = 0, kInput = 1, kOutput = 2, kStep = 3 };
+  // One operand of a declared backward graph.
   struct Operand {
     Source source;
-    int64_t index;
+    int64_t index;  // kStep: the earlier step
     int64_t strides_of_output;  // a gradient given that forward output's strides; -1: dense
+    int64_t step_output = 0;  // kStep: which output of that step
+    bool summed = false;  // as a gradient of input i (Record::grads): summed to input i's shape (a bias)
+  };
+  // One graph of a declared backward of several (cuDNN fuses one matmul per graph): its
+  // operands may be outputs of earlier steps; it runs only when one of the inputs in
+  // `for_grads` needs a gradient (empty: always).
+  struct Step {
+    int64_t graph;
+    std::vector<Operand> operands;
+    std::vector<int64_t> for_grads;
   };
   // A forward input or output the backward reads. Saved only when one of the inputs
   // in `for_grads` requires grad (empty: whenever the node is recorded).
@@ -47,8 +59,14 @@ struct GraphRecord {
   bool all_outputs_differentiable = true;  // else exactly `differentiable_outputs`
   std::vector<int64_t> differentiable_outputs;
   bool materialize_grads = true;  // a Python backward gets zeros (not None) for an output without gradient
+  // A declared backward of several graphs, run in order by the node (through the op, so
+  // natively where native plans serve them), and where each input's gradient comes
+  // from (kGrad or kStep; source -1 cast: none). Empty: not a stepped backward.
+  std::vector<Step> steps;
+  std::vector<std::optional<Operand>> grads;
 
   bool declared() const { return backward_graph >= 0; }
+  bool stepped() const { return !steps.empty(); }
   bool reads_input(int64_t index, const std::vector<bool>& needs_grad) const;
   bool reads_output(int64_t index, const std::vector<bool>& needs_grad) const;
   bool is_differentiable(int64_t output) const;
@@ -76,5 +94,20 @@ const GraphRecord* graph_record(int64_t graph);
 std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at::TensorList grads,
                                                    at::TensorList inputs, at::TensorList outputs,
                                                    const std::vector<OutputMeta>& metas);
+
+// One step's operands: as above, plus kStep operands from `step_results` (what earlier
+// steps returned; a step that did not run has none, which is an error to read).
+std::vector<at::Tensor> assemble_step_operands(const std::vector<GraphRecord::Operand>& declared, at::TensorList grads,
+                                               at::TensorList inputs, at::TensorList outputs,
+                                               const std::vector<OutputMeta>& metas,
+                                               const std::vector<std::vector<at::Tensor>>& step_results);
+
+// Runs a stepped backward (GraphRecord::steps) through the op: one gradient per forward
+// input, undefined where `needs_grad` is false. `input_sizes`: every forward input's
+// sizes (what a summed gradient is reduced to).
+std::vector<at::Tensor> run_backward_steps(const GraphRecord& record, at::TensorList grads, at::TensorList inputs,
+                                           at::TensorList outputs, const std::vector<OutputMeta>& metas,
+                                           const std::vector<std::vector<c10::SymInt>>& input_sizes,
+                                           const std::vector<bool>& needs_grad);
 
 }  // namespace torch_cudnn_handle

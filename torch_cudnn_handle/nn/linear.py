@@ -6,20 +6,23 @@ frontend's matmul takes 3-D ``[batch, M, K] @ [batch, K, N]`` tensors, and one
 ``[1, B*M, K] @ [1, K, N]`` product is the same GEMM torch's ``linear`` runs, with
 no question of whether a batch-1 weight broadcasts over a batch of inputs.
 
-Backward (``backward_fn``): cuDNN fuses one matmul per graph, so it is three
-small graphs and a torch sum:
+Backward (``backward_steps``, declared): cuDNN fuses one matmul per graph, so it is
+up to three small graphs and a torch sum, which the op's autograd node runs as one
+node in C++ (no Python per step):
 
   * ``dZ``: the activation's backward, pointwise (relu from the output ``y``;
     gelu from the pre-activation ``z``, which the gelu forward graph writes as a
     second output, as the frontend's own swiglu op saves its pre-activations, so
     the backward needs no recompute GEMM); ``dZ = dY`` without an activation;
-  * ``dX = dZ @ W`` and ``dW = dZ^T @ X``: the same registered matmul graph, on
-    transposed *views* (strides, never copies);
-  * ``db``: ``dZ.sum`` over the rows (a reduction torch does well).
+  * ``dX = dZ @ W`` and ``dW = dZ^T @ X``: the matmul graph, on transposed *views*
+    (strides, never copies), each only when its gradient is needed;
+  * ``db``: ``dZ`` summed to the bias's shape (a reduction torch does well).
 
 The weight is stored as torch's ``nn.Linear`` stores it, ``[out, in]``, so a state
-dict moves between this module and its plain-torch reference unchanged; the
-forward reads it as the ``[1, in, out]`` view ``weight.unsqueeze(0).mT``.
+dict moves between this module and its plain-torch reference unchanged. Every graph
+takes natural tensors (``OperandViews``): the forward describes the weight as the
+``[1, in, out]`` view ``weight.unsqueeze(0).mT`` and ``x`` as ``[1, rows, in]``, and
+returns ``[..., out]``, so no view node is recorded around the op.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import BackwardOperand, register_graph
+from ..registry import BackwardOperand, BackwardStep, OperandViews, register_graph
 from ._layout import declare, row_major
 
-__all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "MATMUL", "RELU_BACKWARD", "GELU_BACKWARD"]
+__all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD", "GELU_BACKWARD"]
 
 ACTIVATIONS = (None, "relu", "gelu")
 
@@ -83,50 +86,77 @@ RELU_BACKWARD = register_graph(relu_backward, name="nn_relu_backward")
 GELU_BACKWARD = register_graph(gelu_backward, name="nn_gelu_backward")
 
 
-def _make_backward(activation: Optional[str]):
-    def linear_backward(grads, inputs, outputs):
-        # x [1, R, K], w [1, K, N] (a view of weight [N, K]); each saved only when the
-        # other's gradient is needed (_backward_reads), else None.
-        x, w = inputs[0], inputs[1]
-        dy, dz_given = grads[0], grads[1] if len(grads) > 1 else None  # dz_given: the gelu graph's z used directly
-        if dy is None:
-            dz = dz_given
-        else:
-            if activation == "relu":
-                (dy,) = execute(RELU_BACKWARD, [dy, outputs[0]])
-            elif activation == "gelu":
-                (dy,) = execute(GELU_BACKWARD, [dy, outputs[1]])
-            dz = dy if dz_given is None else dy + dz_given
-        dx = execute(MATMUL, [dz, w.mT])[0] if w is not None else None  # [1, R, N] @ [1, N, K]
-        dw = execute(MATMUL, [dz.mT, x])[0].mT if x is not None else None  # [1, N, R] @ [1, R, K]: weight's own layout
-        return [dx, dw, dz.sum(dim=1, keepdim=True)]
-
-    linear_backward.__name__ = f"linear_{activation or 'identity'}_backward"
-    return linear_backward
+# ---------------------------------------------------------------------------------
+# Natural operands (registry OperandViews): the op takes the module's own tensors, x
+# [..., K], weight [N, K], bias [N], and returns y [..., N]; each graph views them as the
+# 3-D tensors the matmul takes, so a step records no view node around the op.
 
 
-def _backward_reads(activation: Optional[str]):
-    """What the backward reads, as torch's linear and activations save: ``x`` for ``dW``,
-    ``W`` for ``dX``, and the activation's own (relu: its output; gelu: its input ``z``)."""
-    reads = [BackwardOperand.input(0, for_grads=[1]), BackwardOperand.input(1, for_grads=[0])]
-    if activation == "relu":
-        reads.append(BackwardOperand.output(0))
-    elif activation == "gelu":
-        reads.append(BackwardOperand.output(1))
-    return reads
+def _rows(t):
+    """``[..., C]`` as ``[1, rows, C]``."""
+    return t.reshape(1, -1, t.shape[-1])
 
 
-LINEAR_GRAPHS = {
-    activation: register_graph(
+def _rows_t(t):
+    """``[..., C]`` as ``[1, C, rows]`` (the transposed view: dW's left operand)."""
+    return t.reshape(1, -1, t.shape[-1]).mT
+
+
+def _like_rows(*shapes):
+    return [shapes[0]]
+
+
+def _forward_views(activation: Optional[str]) -> OperandViews:
+    outputs = 2 if activation == "gelu" else 1  # gelu also writes z, for its backward
+    return OperandViews(
+        inputs=(_rows, lambda w: w.unsqueeze(0).mT, lambda b: b.view(1, 1, -1)),
+        outputs=lambda x, w, b: [(*x[:-1], w[0])] * outputs,
+    )
+
+
+# The backward's graphs on natural operands: dZ [..., N] from dY and y (relu) or z (gelu);
+# dX [..., K] = dZ @ W; dW [N, K] = dZ^T @ X.
+_POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
+RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS)
+GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS)
+MATMUL_DX = register_graph(
+    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])])
+)
+MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]))
+
+
+def _backward_steps(activation: Optional[str]):
+    """The backward as declared steps, run by the op's autograd node in C++: ``dZ`` (the
+    activation's backward; ``dY`` itself without one), ``dX`` only when x needs a
+    gradient (it reads W), ``dW`` only when the weight does (it reads x), and ``db``, dZ
+    summed to the bias's shape (a torch sum). The gelu graph's second output, z, is
+    read here and takes no gradient: it is non-differentiable."""
+    op = BackwardOperand
+    steps = []
+    dz = op.grad(0)
+    if activation is not None:
+        pointwise, read = (RELU_BACKWARD_ROWS, op.output(0)) if activation == "relu" else (GELU_BACKWARD_ROWS, op.output(1))
+        steps.append(BackwardStep(pointwise, [op.grad(0), read]))
+        dz = op.step(0)
+    dx, dw = len(steps), len(steps) + 1
+    steps.append(BackwardStep(MATMUL_DX, [dz, op.input(1)], for_grads=[0]))
+    steps.append(BackwardStep(MATMUL_DW, [dz, op.input(0)], for_grads=[1]))
+    return steps, [op.step(dx), op.step(dw), dz.sum_to_input()]
+
+
+def _register_linear(activation: Optional[str]) -> int:
+    steps, grads = _backward_steps(activation)
+    return register_graph(
         linear_forward,
         name=f"nn_linear_{activation or 'identity'}",
-        backward_fn=_make_backward(activation),
-        backward_reads=_backward_reads(activation),
-        materialize_grads=False,  # the gelu graph's pre-activation output gets no gradient from the module: no zero fill
+        views=_forward_views(activation),
+        backward_steps=steps,
+        backward_grads=grads,
         activation=activation,
     )
-    for activation in ACTIVATIONS
-}
+
+
+LINEAR_GRAPHS = {activation: _register_linear(activation) for activation in ACTIVATIONS}
 
 
 # ---------------------------------------------------------------------------------
@@ -172,12 +202,9 @@ class FusedLinear(nn.Module):
                 f"{str(self.weight.dtype).replace('torch.', '')} (one cuDNN graph takes one io type); cast one of them: "
                 f"x.to({self.weight.dtype}) or module.to({x.dtype})"
             )
-        lead = x.shape[:-1]
-        rows = x.reshape(1, -1, self.in_features)  # [1, B*M, K]; a view of a contiguous x
-        weight = self.weight.unsqueeze(0).mT  # [1, K, N] view of [N, K]
-        bias = self.bias.view(1, 1, self.out_features)
-        y = execute(self._graph, [rows, weight, bias])[0]
-        return y.view(*lead, self.out_features)
+        # Natural tensors in and out: the graph views them as [1, B*M, K] @ [1, K, N] + [1, 1, N]
+        # (_forward_views). A layout with no such view (a non-contiguous x) is made contiguous first.
+        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation!r}"

@@ -7,6 +7,10 @@ and also writes ``inv_var`` (``[rows, 1, 1, 1]`` float32, 1/rms per row), which 
 backward node reads instead of recomputing it. The backward is *one* graph
 (``backward=``): ``dX`` and ``dScale`` from ``dY``, ``X``, the scale and ``inv_var``.
 
+The op takes the module's natural tensors (``x [..., C]``, ``weight [C]``): the graphs
+declare how those map to the 4-D layout (``OperandViews``), so a step records no view
+node around the op, and ``inv_var`` comes back as ``[..., 1]``.
+
 One difference: the frontend op binds epsilon as a host pass-by-value tensor on
 every call; an op input here is a CUDA tensor, so epsilon is a graph-owned scalar
 (``tensor_scalar``, a runtime parameter, as the frontend's swiglu op binds its
@@ -26,7 +30,7 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import BackwardOperand, register_graph
+from ..registry import BackwardOperand, OperandViews, register_graph
 from ._layout import declare, row_major
 
 __all__ = ["RMSNorm", "rmsnorm_graph"]
@@ -52,6 +56,26 @@ def rmsnorm_backward(graph, dy, x, scale, inv_var, *, eps: float):  # noqa: ARG0
 _BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1))
 
 
+def _rows(t):
+    """``[..., C]`` as cuDNN's ``[rows, C, 1, 1]`` (a view of the same memory)."""
+    return t.reshape(-1, t.shape[-1], 1, 1)
+
+
+def _channels(t):
+    """The scale ``[C]`` as ``[1, C, 1, 1]``."""
+    return t.view(1, -1, 1, 1)
+
+
+def _stats_shape(x_shape):
+    return (*x_shape[:-1], 1)
+
+
+# Natural operands: x [..., C], weight [C]; y like x, inv_var [..., 1].
+_FORWARD_VIEWS = OperandViews(inputs=(_rows, _channels), outputs=lambda x, w: [x, _stats_shape(x)])
+# dY, X, scale, inv_var [..., 1] in; dX like X, dScale like the scale out.
+_BACKWARD_VIEWS = OperandViews(inputs=(_rows, _rows, _channels, _rows), outputs=lambda dy, x, w, s: [x, w])
+
+
 _graphs: Dict[float, int] = {}
 _lock = threading.Lock()
 
@@ -63,7 +87,8 @@ def rmsnorm_graph(eps: float) -> int:
         graph_id = _graphs.get(eps)
         if graph_id is None:
             graph_id = _graphs[eps] = register_graph(
-                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_BACKWARD_OPERANDS, eps=eps
+                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_BACKWARD_OPERANDS,
+                views=_FORWARD_VIEWS, backward_views=_BACKWARD_VIEWS, eps=eps,
             )
         return graph_id
 
@@ -82,9 +107,9 @@ class RMSNorm(nn.Module):
         self._graph = rmsnorm_graph(self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.dim, 1, 1)
-        y = execute(self._graph, [rows, self.weight.view(1, self.dim, 1, 1)])[0]
-        return y.view(x.shape)
+        # Natural tensors in and out: the graph views them as its 4-D layout (_FORWARD_VIEWS).
+        # A layout with no such view (a non-contiguous x) is made contiguous first.
+        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight])[0]
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps:g}"

@@ -4,7 +4,8 @@
 torch.compile, export and CUDA graphs on every torch version. An id names a
 definition; the registry turns a definition and a call's inputs into a built graph.
 
-  * ``specs.py``: TensorSpec, GraphLayout, the torch <-> cuDNN dtype tables;
+  * ``specs.py``: TensorSpec, GraphLayout, BackwardOperand, BackwardStep, the torch <-> cuDNN dtype tables;
+  * ``operand_views.py``: natural operands (how the op's tensors map to what a builder describes);
   * ``description.py``: definitions, and the builder run on a graph description
     (layouts for the fake kernel);
   * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
@@ -33,11 +34,14 @@ from . import symbolic  # noqa: F401 -- registry.symbolic: the fake kernel (op.p
 from .data_types import GraphDataTypes
 from .kernel_caches import set_dynamic_shapes
 from .plan_store import set_plan_cache
+from .operand_views import OperandViews
 from .ragged import Ragged
-from .specs import BackwardOperand, GraphLayout, TensorSpec
+from .specs import BackwardOperand, BackwardStep, GraphLayout, TensorSpec
 
 __all__ = [
     "BackwardOperand",
+    "BackwardStep",
+    "OperandViews",
     "Ragged",
     "TensorSpec",
     "GraphLayout",
@@ -88,6 +92,10 @@ def register_graph(
     dynamic_shapes: Optional[bool] = None,
     ragged: Optional[Dict[int, Ragged]] = None,
     backward_ragged: Optional[Dict[int, Ragged]] = None,
+    views: Optional[OperandViews] = None,
+    backward_views: Optional[OperandViews] = None,
+    backward_steps: Optional[Sequence[BackwardStep]] = None,
+    backward_grads: Optional[Sequence[Optional[BackwardOperand]]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -123,6 +131,15 @@ def register_graph(
       plan serves the backward graph, runs the backward with no Python. Or compute them
       with a function ``backward_operands(grad_outputs, inputs, outputs)`` (Python on
       every backward), e.g. to pass views (``w.mT``) of saved tensors.
+    * ``backward_steps``: a declared backward of several graphs, for one cuDNN cannot
+      fuse into one (one matmul per graph): ``BackwardStep(graph_id, operands,
+      for_grads=...)`` in order, whose operands may be earlier steps' outputs
+      (``BackwardOperand.step(s, k)``), and ``backward_grads``, per forward input where
+      its gradient comes from (``BackwardOperand.step(s, k)``, ``.grad(i)``, either
+      ``.sum_to_input()`` for a broadcast input such as a bias, or None). The node runs
+      the steps in C++ through the op (natively once native plans serve them), a step
+      only when an input in its ``for_grads`` needs a gradient; it saves what the steps
+      read, and the outputs whose gradient no step takes are non-differentiable.
     * ``backward_fn(grad_outputs, inputs, outputs)``: torch-level code returning one
       gradient (or None) per forward input, for a backward that takes several graphs
       (cuDNN fuses one matmul per graph); it typically calls
@@ -158,6 +175,13 @@ def register_graph(
     graph whose outputs follow the inputs some other way gives
     ``output_shapes(*input_shapes) -> [shape, ...]`` (one per output).
 
+    Natural operands: ``views=OperandViews(inputs=[fn or None per input], outputs=fn)``
+    says how each torch tensor maps to the tensor the builder describes (a view of the
+    same memory, e.g. ``lambda x: x.reshape(-1, x.shape[-1], 1, 1)`` for a norm) and each
+    output's natural shape (``fn(*input_shapes)``), so callers pass and get natural
+    tensors and record no view nodes around the op; ``backward_views`` does the same for
+    the ``backward`` graph.
+
     ``dynamic_shapes=True`` describes the graph (and its backward) with dynamic shapes
     and builds it with a kernel cache shared by every layout of the same structure, so a
     new sequence length or token count reuses compiled kernels; None follows
@@ -185,6 +209,7 @@ def register_graph(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
         tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes, ragged=ragged, backward_ragged=backward_ragged,
+        views=views, backward_views=backward_views, backward_steps=backward_steps, backward_grads=backward_grads,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         **params,
     )

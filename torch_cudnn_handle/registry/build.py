@@ -37,6 +37,7 @@ from .build_timing import PhaseClock
 from .plan_disk import serialized_plan
 from .ragged import packed_of
 from .routes import engine_of, obtain
+from .operand_views import described_specs, natural_outputs
 from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
 
@@ -61,6 +62,10 @@ class BuiltGraph:
     route_reason: str = ""  # why that route
     build_seconds: float = 0.0  # wall time to obtain it: the sum of phase_seconds but first_execution
     phase_seconds: Optional[dict] = None  # seconds by phase (build_timing.py), first_execution added by the op's first launch
+    # Per operand (inputs then outputs), the (shape, stride) the graph has for it, for a
+    # graph with OperandViews (None: the op's own). The Python path hands the frontend
+    # those views (a Python engine may read a buffer's shape); the native path binds addresses only.
+    graph_views: Optional[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]] = None
 
 
 def _build(
@@ -80,7 +85,7 @@ def _build(
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
-        layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, outputs, obtained.layout)
+        layout = obtained.layout if obtained.route == "disk_cache" else _built_layout(definition, specs, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or engine_of(graph)
         clock.lap("inspect")
@@ -106,8 +111,13 @@ def _build(
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
             clock.lap("native")
+    graph_views = None
+    if definition.views is not None:
+        graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, specs))
+        graph_views += tuple((tuple(t.dim), tuple(t.stride)) for t in outputs)
     return BuiltGraph(
         graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
+        graph_views=graph_views,
         deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
         build_seconds=sum(clock.seconds.values()), phase_seconds=clock.seconds,
     )
@@ -126,15 +136,16 @@ def _token_counts(definition: _Definition, num_inputs: int, layout: GraphLayout)
     return dict(tokens_of=inputs + outputs)
 
 
-def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> GraphLayout:
+def _built_layout(definition: _Definition, specs, outputs, described: GraphLayout) -> GraphLayout:
     """The outputs as the build writes them. A declared layout is a contract: the build
     must write exactly it. An undeclared one is what the build chose (the frontend
     reflects the backend's layout inference into the built graph's tensors); when that
     differs from what the description predicted, a trace made earlier described other
     strides, so say so, with the fix."""
-    specs = []
-    for i, (tensor, expected) in enumerate(zip(outputs, described.outputs)):
-        written = TensorSpec(tuple(tensor.dim), tuple(tensor.stride), torch_dtype_of(tensor.data_type))
+    built = [TensorSpec(tuple(t.dim), tuple(t.stride), torch_dtype_of(t.data_type)) for t in outputs]
+    written_specs = natural_outputs(definition.name, definition.views, specs, built)  # as the op allocates them
+    layouts = []
+    for i, (written, expected) in enumerate(zip(written_specs, described.outputs)):
         if described.tokens_like and described.tokens_like[i] >= 0:  # ragged: the op's packed [T, H, D]
             written = packed_of(written)
         if described.is_declared(i) and written != expected:
@@ -150,8 +161,8 @@ def _built_layout(definition: _Definition, outputs, described: GraphLayout) -> G
                 "Declare the output's layout in the builder (tensor.set_dim(...).set_stride(...)) so both agree.",
                 stacklevel=2,
             )
-        specs.append(written)
-    return dataclasses.replace(described, outputs=tuple(specs))
+        layouts.append(written)
+    return dataclasses.replace(described, outputs=tuple(layouts))
 
 
 def _differs_in_memory(a: TensorSpec, b: TensorSpec) -> bool:

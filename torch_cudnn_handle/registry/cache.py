@@ -48,6 +48,7 @@ from .description import (
 )
 from . import autograd_record, plan_store
 from .ragged import RaggedOperands
+from .operand_views import OperandViews
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
 
 
@@ -90,7 +91,8 @@ class GraphRegistry:
     def register(
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
         differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
-        dynamic_shapes=None, ragged=None, backward_ragged=None, **params,
+        dynamic_shapes=None, ragged=None, backward_ragged=None, views=None, backward_views=None, backward_steps=None,
+        backward_grads=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -98,8 +100,19 @@ class GraphRegistry:
         for what, fn in (("builder", builder), ("output_shapes", output_shapes), ("backward", backward), ("backward_operands", None if declared else backward_operands), ("backward_fn", backward_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
+        for what, value in (("views", views), ("backward_views", backward_views)):
+            if value is not None and not isinstance(value, OperandViews):
+                raise TypeError(f"register_graph: {what} must be an OperandViews, got {type(value).__name__}")
+        if backward_views is not None and backward is None:
+            raise TypeError("register_graph: backward_views needs a backward builder (backward=...)")
         if backward_operands is not None and backward is None:
             raise TypeError("register_graph: backward_operands needs a backward builder")
+        if backward_steps is not None and (backward is not None or backward_fn is not None):
+            raise TypeError("register_graph: give backward_steps (a declared backward of several graphs), backward or backward_fn, one of them")
+        for step in backward_steps or ():
+            self.definition(getattr(step, "graph", None))  # an unknown step graph fails here, not in a backward
+        if backward_grads is not None and backward_steps is None:
+            raise TypeError("register_graph: backward_grads needs backward_steps")
         if backward is not None and backward_fn is not None:
             raise TypeError("register_graph: give backward (the builder of one backward graph) or backward_fn, not both")
         name = name or getattr(builder, "__name__", "graph")
@@ -122,7 +135,7 @@ class GraphRegistry:
             backward_id = self._add(
                 dict(
                     name=f"{name}_backward", builder=backward, params=dict(params), num_inputs=_positional_arity(backward),
-                    tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
+                    tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed, views=backward_views,
                 )
             )
         graph_id = self._add(
@@ -139,12 +152,14 @@ class GraphRegistry:
                 **({} if data_types is None else dict(data_types=data_types)),  # the forward graph's; a backward graph keeps the default types
                 dynamic_shapes=dynamic_shapes,
                 ragged=packed,
+                views=views,
             )
         )
         autograd_record.declare(
             graph_id, name, num_inputs=num_inputs, backward_id=backward_id, declared=declared,
             has_backward=backward is not None or backward_fn is not None, backward_reads=backward_reads,
             differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
+            steps=backward_steps, grads=backward_grads,
         )
         return graph_id
 

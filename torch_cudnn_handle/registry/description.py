@@ -22,6 +22,7 @@ import torch
 
 from .. import _C
 from .data_types import GraphDataTypes
+from .operand_views import OperandViews, described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
 from .ragged import RaggedOperands
 from .specs import GraphLayout, TensorSpec, cudnn_data_type_of, torch_dtype_of
@@ -49,6 +50,7 @@ class _Definition:
     data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
     dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
     ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
+    views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
 
     def call_specs(self, specs: Sequence[TensorSpec]) -> Tuple[TensorSpec, ...]:
         """What keys and describes a call: its specs, a packed input's token count left out."""
@@ -111,9 +113,10 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
         **graph_options,
     )
-    refuse_low_rank(definition.name, specs)
     ragged = definition.ragged
-    inputs = [_input_tensor(graph, i, spec, specs, ragged) for i, spec in enumerate(specs)]
+    described = described_specs(definition.name, definition.views, specs)
+    refuse_low_rank(definition.name, described)  # what cuDNN sees (a natural operand's view)
+    inputs = [_input_tensor(graph, i, spec, described, ragged) for i, spec in enumerate(described)]
     if ragged is not None:
         ragged.set_offsets(inputs)
     returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
@@ -147,7 +150,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
     if ragged is not None:  # a ragged output is returned packed, [T, H, D] (ragged.py)
         packed = [ragged.packed_output(i, tensor, spec, inputs) for i, (tensor, spec) in enumerate(zip(outputs, out_specs))]
         out_specs, tokens_like = [spec for spec, _ in packed], tuple(like for _, like in packed)
-    layout = GraphLayout(tuple(out_specs), tuple(positions), declared, tokens_like)
+    layout = GraphLayout(natural_outputs(definition.name, definition.views, specs, tuple(out_specs)), tuple(positions), declared, tokens_like)
     return graph, inputs, outputs, layout
 
 

@@ -146,10 +146,12 @@ class BackwardOperand:
       ``x`` is read only to compute ``dW``).
     """
 
-    source: int  # 0: gradient of output `index`, 1: input `index`, 2: output `index`
+    source: int  # 0: gradient of output `index`, 1: input `index`, 2: output `index`, 3: output `output` of step `index`
     index: int
     strides_of_output: int = -1
     for_grads: Tuple[int, ...] = ()
+    step_output: int = 0  # source 3: which output of the step
+    summed: bool = False  # as an input's gradient (backward_grads): summed to that input's shape
 
     @classmethod
     def grad(cls, output: int, *, strides_of_output: Optional[int] = None) -> "BackwardOperand":
@@ -163,8 +165,41 @@ class BackwardOperand:
     def output(cls, index: int, *, for_grads: Sequence[int] = ()) -> "BackwardOperand":
         return cls(2, int(index), for_grads=tuple(int(i) for i in for_grads))
 
+    @classmethod
+    def step(cls, step: int, output: int = 0) -> "BackwardOperand":
+        """Output ``output`` of an earlier step of a declared backward of several graphs
+        (``backward_steps``)."""
+        return cls(3, int(step), step_output=int(output))
+
+    def sum_to_input(self) -> "BackwardOperand":
+        """As an input's gradient (``backward_grads``): summed to that input's shape, as
+        autograd reduces the gradient of a broadcast input (a bias)."""
+        if self.source not in (0, 3):
+            raise ValueError(f"{self.describe()}: only a gradient or a step's output can be summed to an input's shape")
+        return dataclasses.replace(self, summed=True)
+
     def describe(self) -> str:
-        what = ("grad", "input", "output")[self.source]
+        what = ("grad", "input", "output", "step")[self.source]
         like = f", strides_of_output={self.strides_of_output}" if self.strides_of_output >= 0 else ""
         only = f", for_grads={list(self.for_grads)}" if self.for_grads else ""
-        return f"BackwardOperand.{what}({self.index}{like}{only})"
+        output = f", {self.step_output}" if self.source == 3 else ""
+        summed = ".sum_to_input()" if self.summed else ""
+        return f"BackwardOperand.{what}({self.index}{output}{like}{only}){summed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardStep:
+    """One graph of a declared backward of several (``register_graph(...,
+    backward_steps=[...], backward_grads=[...])``): a registered graph id, its operands
+    (``BackwardOperand``\\ s, ``BackwardOperand.step(s, k)`` for an earlier step's
+    output), and the forward inputs whose gradient needs it (empty: always)."""
+
+    graph: int
+    operands: Tuple[BackwardOperand, ...]
+    for_grads: Tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "operands", tuple(self.operands))
+        object.__setattr__(self, "for_grads", tuple(int(i) for i in self.for_grads))
+        if not all(isinstance(o, BackwardOperand) for o in self.operands):
+            raise TypeError("BackwardStep: operands must be BackwardOperand.grad(i) / .input(i) / .output(i) / .step(s, k)")
