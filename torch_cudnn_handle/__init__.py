@@ -30,7 +30,7 @@ from .registry import (
     set_plan_cache,
 )
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
-from .op import execute, execute_out
+from .op import execute, execute_, execute_out
 from .plan_tuning import set_plan_tuning, tuning_stats
 from .frontend_ops import adopt_frontend_ops, restore_frontend_ops
 
@@ -50,6 +50,7 @@ __all__ += [
     "built_graphs",
     "execute",
     "execute_out",
+    "execute_",
     "set_plan_tuning",
     "tuning_stats",
     "adopt_frontend_ops",

@@ -1,4 +1,4 @@
-"""The Python side of ``torch.ops.cudnn_fe.execute`` and ``execute.out`` (csrc/op).
+"""The Python side of ``torch.ops.cudnn_fe.execute``, ``execute.out`` and ``execute_`` (csrc/op).
 
 * CUDA: the C++ kernel (csrc/op/cuda_kernels.cpp) runs a call a native plan serves with
   no Python at all, and sends every other call here (``_execute_cuda``) on the inputs'
@@ -20,6 +20,11 @@
 * Fake kernel: output layouts from the graph's description (never built), so
   torch.compile traces the op without a GPU; it refuses what a real call would. CPU
   scalars trace beside fake CUDA tensors.
+* In place (``execute_``, a graph registered with ``in_place={output: input}``): those
+  outputs are bound to their inputs' buffers (registry/in_place.py checks the layouts),
+  the others allocated; its other kernels (autograd's refusal, version counters,
+  functionalization) are C++ (csrc/op/in_place_kernels.cpp). ``execute.out`` refuses an
+  ``out`` that overlaps an input (_overlap.py): its schema says inputs are only read.
 * Autograd: the C++ kernels (csrc/op/autograd_kernels.cpp) record the node; its backward
   runs a declared backward natively in C++ when it can, and calls ``_backward`` here
   otherwise, on whichever thread autograd uses.
@@ -36,12 +41,14 @@ from torch._subclasses.fake_tensor import is_fake
 from . import _C, bool_operands
 from . import registry as _registry_module
 from .pool import current_handle
+from ._overlap import overlaps
 from .registry import symbolic
-from .registry.specs import is_host_scalar
+from .registry.in_place import check_layouts
+from .registry.specs import TensorSpec, is_host_scalar
 
 _registry = _registry_module._registry
 
-__all__ = ["execute", "execute_out"]
+__all__ = ["execute", "execute_out", "execute_"]
 
 
 def _inputs_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> int:
@@ -205,6 +212,7 @@ def _run_built(graph: int, built, inputs: List[torch.Tensor]) -> List[torch.Tens
 def _execute_out_cuda(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = _built_for_call(graph, inputs)
     _check_out(graph, built.layout, out, _device(built), inputs)
+    _check_out_overlap(graph, inputs, out)
     _first_launch_timed(built, lambda: _run_built_out(graph, built, inputs, out))
 
 
@@ -237,11 +245,89 @@ def _check_out(graph: int, layout, out: Sequence[torch.Tensor], device: torch.de
             )
 
 
+def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
+    merged them). Returns the outputs not written in place."""
+    built = _built_for_call(graph, inputs)
+    writes = _C.in_place_writes(graph)
+    check_layouts(_graph_label_name(graph), built.layout, [TensorSpec.of(t) for t in inputs], writes)
+    _check_in_place_overlap(graph, inputs, writes)
+    outputs = _empty_outputs(built.layout, _device(built))
+    others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
+    if built.native:  # built by this call: its first run on the plan every later call runs on
+        for output, input_ in writes:
+            outputs[output] = inputs[input_]
+        if _C.run_native_out(graph, inputs, outputs):
+            return others
+    # A misaligned written input is staged through one aligned copy, read and written
+    # there (the same binding), then copied back.
+    staged = _aligned(inputs)
+    for output, input_ in writes:
+        outputs[output] = staged[input_]
+    _launch(built, staged, outputs)
+    for _, input_ in writes:
+        if staged[input_] is not inputs[input_]:
+            inputs[input_].copy_(staged[input_])
+    return others
+
+
+def _check_out_overlap(graph: int, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+    """execute.out's schema says it only reads its inputs and writes each ``out`` once."""
+    writes = _C.in_place_writes(graph)
+    for k, target in enumerate(out):
+        for j, source in enumerate(inputs):
+            if not overlaps(target, source):
+                continue
+            if (k, j) in writes:
+                fix = (
+                    f"the graph writes output {k} into input {j} in place (in_place): call torch_cudnn_handle.execute_(graph, "
+                    "inputs) (torch.ops.cudnn_fe.execute_), whose schema declares that write"
+                )
+            else:
+                fix = (
+                    f"pass an out tensor of its own; for a graph that writes output {k} into input {j}, register it with "
+                    f"in_place={{{k}: {j}}} and call torch_cudnn_handle.execute_(graph, inputs)"
+                )
+            raise ValueError(
+                f"cudnn_fe.execute.out: out[{k}] of graph {_graph_label(graph)} overlaps inputs[{j}], but execute.out's "
+                f"schema says its inputs are only read (torch.compile and autograd rely on it); {fix}."
+            )
+        for i in range(k):
+            if overlaps(out[i], target):
+                raise ValueError(
+                    f"cudnn_fe.execute.out: out[{i}] and out[{k}] of graph {_graph_label(graph)} overlap; pass separate tensors"
+                )
+
+
+def _check_in_place_overlap(graph: int, inputs: Sequence[torch.Tensor], writes) -> None:
+    """execute_ writes exactly its written inputs: none may share memory with another input."""
+    for output, j in writes:
+        for i, other in enumerate(inputs):
+            if i != j and overlaps(inputs[j], other):
+                raise ValueError(
+                    f"cudnn_fe.execute_: input {j} of graph {_graph_label(graph)}, which it writes in place (output "
+                    f"{output}), overlaps input {i}, which execute_'s schema says is only read; pass separate tensors "
+                    "(e.g. input.clone())"
+                )
+
+
+def _graph_label_name(graph: int) -> str:
+    """The graph's name, for messages that quote it."""
+    try:
+        return _registry.definition(graph).name
+    except ValueError:
+        return f"id {graph}"
+
+
 def _refuse_non_cuda(graph: int, inputs: List[torch.Tensor], **_kwargs):
     """Every dispatch that reaches no CUDA kernel: CPU tensors, another backend, or no
     tensor at all (the dispatcher's Undefined slot, which CompositeExplicitAutograd fills)."""
     _inputs_device(graph, inputs)  # names the first non-CUDA input, or the empty list
     raise ValueError(f"cudnn_fe.execute: graph {_graph_label(graph)} needs CUDA inputs")
+
+
+def _refuse_non_cuda_in_place(graph: int, inputs: List[torch.Tensor], written: List[torch.Tensor]):
+    _refuse_non_cuda(graph, _C.merge_in_place(graph, inputs, written))
 
 
 def _cuda_index(device: torch.device):
@@ -310,7 +396,23 @@ def _execute_fake(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 def _execute_out_fake(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     layout = _layout_for_fake(graph, inputs)  # an unknown id, a bad arity or dtype fails at trace time too
     _check_out(graph, layout, out, _call_device(graph, inputs), inputs)
+    _check_out_overlap(graph, inputs, out)
     return None
+
+
+def _execute_in_place_fake(graph: int, inputs: List[torch.Tensor], written: List[torch.Tensor]) -> List[torch.Tensor]:
+    """What a real execute_ refuses, refused at trace time; the outputs not written in place."""
+    all_inputs = _C.merge_in_place(graph, inputs, written)
+    device = _call_device(graph, all_inputs)
+    writes = _C.in_place_writes(graph)
+    check_layouts(_graph_label_name(graph), _layout_for_fake(graph, all_inputs), symbolic.hint_specs(all_inputs), writes)
+    _check_in_place_overlap(graph, all_inputs, writes)
+    written_outputs = {output for output, _ in writes}
+    return [
+        torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+        for o, (sizes, strides, dtype) in enumerate(_fake_output_layouts(graph, all_inputs, device))
+        if o not in written_outputs
+    ]
 
 
 def _backward(graph: int, grad_outputs, inputs, outputs):
@@ -371,13 +473,15 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     return positions
 
 
-_C._set_python_kernels(_execute_cuda, _execute_out_cuda, _backward, _run_declared_backward)
+_C._set_python_kernels(_execute_cuda, _execute_out_cuda, _execute_in_place_cuda, _backward, _run_declared_backward)
 _lib = torch.library.Library("cudnn_fe", "IMPL")
 for _key in ("CPU", "CompositeExplicitAutograd"):
     _lib.impl("execute", _refuse_non_cuda, _key)
     _lib.impl("execute.out", _refuse_non_cuda, _key)
+    _lib.impl("execute_", _refuse_non_cuda_in_place, _key)
 torch.library.register_fake("cudnn_fe::execute", _execute_fake, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", _execute_out_fake, lib=_lib)
+torch.library.register_fake("cudnn_fe::execute_", _execute_in_place_fake, lib=_lib)
 
 _has_torch_function = torch._C._has_torch_function  # a TorchFunctionMode, or an input with __torch_function__
 
@@ -413,6 +517,45 @@ def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tenso
         _C.execute_out(graph, inputs, out=out)
     except TypeError as error:
         raise _argument_error(graph, inputs=inputs, out=out) or error from None
+
+
+@torch._dynamo.assume_constant_result
+def _written_inputs(graph: int) -> tuple:
+    """Which inputs the graph writes in place (its record's), read once per trace: a
+    constant of the compiled frame, not a graph break."""
+    return tuple(input_ for _, input_ in _C.in_place_writes(graph))
+
+
+def execute_(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Run a graph registered with ``in_place={output: input}``: those outputs are written
+    into those inputs (given here in the builder's order, as to :func:`execute`); returns
+    the other outputs, in order.
+
+    ``torch.ops.cudnn_fe.execute_(graph, others, written)`` underneath: ``written`` are the
+    inputs the graph writes (by input index), declared mutated in the schema, so their
+    version counters bump, torch.compile functionalizes the call (the functional execute,
+    then a copy back into them), and autograd refuses the call while an input requires
+    grad (``execute`` is the differentiable form: it returns every output as a new tensor)."""
+    try:
+        routed = _has_torch_function(inputs)
+    except TypeError as error:
+        raise _argument_error(graph, inputs=inputs) or error from None
+    if routed or torch.compiler.is_compiling():
+        written_at = _written_inputs(graph)
+        if not written_at:
+            raise ValueError(
+                f"cudnn_fe.execute_: graph {_graph_label(graph)} writes none of its inputs in place; register it with "
+                "register_graph(builder, in_place={output_index: input_index}), or call execute"
+            )
+        if written_at[-1] >= len(inputs):
+            raise ValueError(f"cudnn_fe.execute_: graph {_graph_label(graph)} writes its input {written_at[-1]}, but got {len(inputs)} inputs")
+        written = [inputs[i] for i in written_at]
+        others = [t for i, t in enumerate(inputs) if i not in written_at]
+        return torch.ops.cudnn_fe.execute_.default(graph, others, written)
+    try:
+        return _C.execute_in_place(graph, inputs)
+    except TypeError as error:
+        raise _argument_error(graph, inputs=inputs) or error from None
 
 
 _INT64 = range(-(2**63), 2**63)

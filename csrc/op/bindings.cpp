@@ -19,8 +19,8 @@ namespace torch_cudnn_handle {
 void bind_op(py::module& m) {
   using ReadTuple = std::tuple<int, int64_t, std::vector<int64_t>>;  // source, index, for_grads
   using StepOperand = std::tuple<int, int64_t, int64_t, int64_t, bool>;  // source, index, strides_of_output, step_output, summed
-  m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"), py::arg("backward"),
-        py::arg("run_backward_graph"));
+  m.def("_set_python_kernels", &python_kernels::set, py::arg("execute"), py::arg("execute_out"),
+        py::arg("execute_in_place"), py::arg("backward"), py::arg("run_backward_graph"));
   m.def(
       "declare_graph",
       [](int64_t graph, bool has_backward, int64_t backward_graph,
@@ -28,7 +28,8 @@ void bind_op(py::module& m) {
          const std::optional<std::vector<ReadTuple>>& reads,
          const std::optional<std::vector<int64_t>>& differentiable_outputs, bool materialize_grads,
          const std::vector<std::tuple<int64_t, std::vector<StepOperand>, std::vector<int64_t>>>& steps,
-         const std::vector<std::optional<StepOperand>>& grads) {
+         const std::vector<std::optional<StepOperand>>& grads,
+         const std::vector<std::pair<int64_t, int64_t>>& in_place) {
         using Source = GraphRecord::Source;
         auto source_of = [](int source) {
           TORCH_CHECK(source >= 0 && source <= 3, "torch_cudnn_handle: unknown backward operand source ", source);
@@ -60,17 +61,44 @@ void bind_op(py::module& m) {
         for (const auto& grad : grads) {
           record.grads.push_back(grad ? std::optional<GraphRecord::Operand>(operand_of(*grad)) : std::nullopt);
         }
+        for (const auto& [output, input] : in_place) {
+          TORCH_CHECK(record.in_place.empty() || record.in_place.back().input < input,
+                      "torch_cudnn_handle: in-place writes must be sorted by input, each input once");
+          record.in_place.push_back({output, input});
+        }
         declare_graph(graph, std::move(record));
       },
       py::arg("graph"), py::arg("has_backward"), py::arg("backward_graph"), py::arg("operands"), py::arg("reads"),
       py::arg("differentiable_outputs"), py::arg("materialize_grads"), py::arg("steps") = py::list(),
-      py::arg("grads") = py::list(),
+      py::arg("grads") = py::list(), py::arg("in_place") = py::list(),
       "Declare graph's record (op/graph_record.h): its backward (a declared backward graph and its operands as "
       "(source: 0 grad, 1 input, 2 output; index; strides_of_output or -1), or -1 and none for a Python backward), "
       "what the backward reads ((source, index, for_grads), or None for everything), which outputs are "
       "differentiable (None: all), whether a Python backward gets zeros for a missing gradient, and a backward of "
       "several graphs: steps as (graph, operands, for_grads), operands as (source: 0-2 as above, 3 an earlier step's "
-      "output; index; strides_of_output; step_output; summed), and each input's gradient as such an operand or None.");
+      "output; index; strides_of_output; step_output; summed), each input's gradient as such an operand or None, "
+      "and which outputs the graph writes into which inputs ((output, input), sorted by input).");
+  m.def(
+      "in_place_writes",
+      [](int64_t graph) {
+        std::vector<std::pair<int64_t, int64_t>> out;
+        if (const GraphRecord* record = graph_record(graph)) {
+          for (const auto& entry : record->in_place) out.emplace_back(entry.output, entry.input);
+        }
+        return out;
+      },
+      py::arg("graph"), "The graph's in-place writes as (output, input) pairs, sorted by input (empty: none).");
+  m.def(
+      "split_in_place",
+      [](int64_t graph, const std::vector<at::Tensor>& inputs) { return in_place_record(graph).split_inputs(inputs); },
+      py::arg("graph"), py::arg("inputs"),
+      "(inputs the graph does not write, inputs it writes): execute_'s two lists from the builder's inputs.");
+  m.def(
+      "merge_in_place",
+      [](int64_t graph, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& written) {
+        return in_place_record(graph).merge_inputs(inputs, written);
+      },
+      py::arg("graph"), py::arg("inputs"), py::arg("written"), "The builder's inputs from execute_'s two lists.");
   m.def(
       "alert_not_deterministic", [](const std::string& caller) { at::globalContext().alertNotDeterministic(caller); },
       py::arg("caller"),
@@ -87,6 +115,14 @@ void bind_op(py::module& m) {
         execute_out_op().call(graph, inputs, out);
       },
       py::arg("graph"), py::arg("inputs"), py::kw_only(), py::arg("out"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "execute_in_place",
+      [](int64_t graph, std::vector<at::Tensor> inputs) {
+        auto [others, written] = in_place_record(graph).split_inputs(inputs);
+        return execute_in_place_op().call(graph, others, written);
+      },
+      py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+      "torch.ops.cudnn_fe.execute_ from the builder's inputs (split by the graph's record), through the dispatcher.");
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
   m.def(
       "run_native", [](int64_t graph, std::vector<at::Tensor> inputs) { return run_native(graph, inputs); },

@@ -1,4 +1,4 @@
-// The CUDA kernels of cudnn_fe.execute and execute.out.
+// The CUDA kernels of cudnn_fe.execute, execute.out and execute_.
 //
 // A call whose (graph id, device, input layouts) has a native plan runs entirely here:
 // outputs from torch's caching allocator on the current stream, then the plan
@@ -55,13 +55,71 @@ std::vector<at::Tensor> execute_cuda(int64_t graph, at::TensorList inputs) {
   return python_kernels::execute(graph, inputs);
 }
 
+// Whether any of `targets` shares storage with another tensor of `targets` or of
+// `others` (the same tensor at the same index excepted). Only a cheap filter: the
+// Python path decides whether the memory really overlaps, and names the fix.
+bool may_alias(at::TensorList targets, at::TensorList others, bool skip_same_index = false) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    for (size_t j = 0; j < others.size(); ++j) {
+      if (skip_same_index && i == j) continue;
+      if (targets[i].is_alias_of(others[j])) return true;
+    }
+  }
+  return false;
+}
+
 void execute_out_cuda(int64_t graph, at::TensorList inputs, at::TensorList out) {
   check_not_forked();
-  // Else the Python path names what is wrong with `out`, or stages a misaligned one.
-  if (run_native_out(graph, inputs, out)) return;
+  // Else the Python path names what is wrong with `out` (an overlap with an input
+  // included), or stages a misaligned one.
+  if (!may_alias(out, inputs) && !may_alias(out, out, true) && run_native_out(graph, inputs, out)) return;
   std::optional<DeviceCall> call;
   enter_python_path(call, inputs);
   python_kernels::execute_out(graph, inputs, out);
+}
+
+// execute_ on a native plan: each written input is bound as its output too (the
+// variant pack holds its pointer under both uids, as the frontend's own in-place
+// bindings do), the other outputs are allocated. nullopt when no plan serves the
+// inputs or a written tensor is not exactly its output's layout (the Python path
+// then names the mismatch).
+std::optional<std::vector<at::Tensor>> run_native_in_place(const GraphRecord& record, int64_t graph,
+                                                           at::TensorList all, at::TensorList written) {
+  auto plan = native::NativePlanTable::instance().find(graph, all);
+  if (!plan) return std::nullopt;
+  const auto& layouts = plan->outputs();
+  std::vector<at::Tensor> outputs(layouts.size());
+  for (size_t w = 0; w < written.size(); ++w) {
+    const auto output = static_cast<size_t>(record.in_place[w].output);
+    if (output >= layouts.size() || layouts[output].host || !layouts[output].matches(written[w], plan->device())) {
+      return std::nullopt;
+    }
+    outputs[output] = written[w];
+  }
+  DeviceCall call(plan->device());
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(plan->device()));
+  std::vector<at::Tensor> others;
+  others.reserve(layouts.size() - written.size());
+  for (size_t o = 0; o < layouts.size(); ++o) {
+    if (outputs[o].defined()) continue;
+    outputs[o] = at::detail::empty_strided_cuda(layouts[o].sizes, layouts[o].strides, layouts[o].dtype, device);
+    others.push_back(outputs[o]);
+  }
+  plan->execute(call.handle, call.stream, all, outputs);
+  return others;
+}
+
+std::vector<at::Tensor> execute_in_place_cuda(int64_t graph, at::TensorList inputs, at::TensorList written) {
+  check_not_forked();
+  const GraphRecord& record = in_place_record(graph);
+  const auto all = record.merge_inputs(inputs, written);
+  // A written tensor sharing memory with another operand goes to the Python path, which names it.
+  if (!may_alias(written, inputs) && !may_alias(written, written, true)) {
+    if (auto others = run_native_in_place(record, graph, all, written)) return std::move(*others);
+  }
+  std::optional<DeviceCall> call;
+  enter_python_path(call, all);
+  return python_kernels::execute_in_place(graph, all);
 }
 
 std::vector<at::Tensor> run_plan(const native::NativePlan& plan, at::TensorList inputs) {
@@ -141,4 +199,5 @@ bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out) {
 TORCH_LIBRARY_IMPL(cudnn_fe, CUDA, m) {
   m.impl("execute", &torch_cudnn_handle::execute_cuda);
   m.impl("execute.out", &torch_cudnn_handle::execute_out_cuda);
+  m.impl("execute_", &torch_cudnn_handle::execute_in_place_cuda);
 }

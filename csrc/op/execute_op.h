@@ -21,4 +21,12 @@ inline const c10::TypedOperatorHandle<void(int64_t, at::TensorList, at::TensorLi
   return op;
 }
 
+inline const c10::TypedOperatorHandle<std::vector<at::Tensor>(int64_t, at::TensorList, at::TensorList)>&
+execute_in_place_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cudnn_fe::execute_", "")
+                             .typed<std::vector<at::Tensor>(int64_t, at::TensorList, at::TensorList)>();
+  return op;
+}
+
 }  // namespace torch_cudnn_handle

@@ -79,6 +79,44 @@ bool GraphRecord::is_differentiable(int64_t output) const {
       std::find(differentiable_outputs.begin(), differentiable_outputs.end(), output) != differentiable_outputs.end();
 }
 
+std::vector<at::Tensor> GraphRecord::merge_inputs(at::TensorList inputs, at::TensorList written) const {
+  TORCH_CHECK(written.size() == in_place.size(), "cudnn_fe.execute_: the graph writes ", in_place.size(),
+              " of its inputs in place, got ", written.size(), " written tensors; pass the inputs it writes (by input "
+              "index) as `written` and the others as `inputs`, or call torch_cudnn_handle.execute_(graph, all_inputs)");
+  std::vector<at::Tensor> all;
+  all.reserve(inputs.size() + written.size());
+  size_t next_input = 0;
+  for (size_t w = 0; w < in_place.size(); ++w) {
+    const auto position = static_cast<size_t>(in_place[w].input);
+    while (all.size() < position && next_input < inputs.size()) all.push_back(inputs[next_input++]);
+    TORCH_CHECK(all.size() == position, "cudnn_fe.execute_: the graph writes its input ", position, ", but only ",
+                inputs.size() + written.size(), " tensors were given");
+    all.push_back(written[w]);
+  }
+  while (next_input < inputs.size()) all.push_back(inputs[next_input++]);
+  return all;
+}
+
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> GraphRecord::split_inputs(at::TensorList all) const {
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split;
+  size_t w = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool writes = w < in_place.size() && in_place[w].input == static_cast<int64_t>(i);
+    (writes ? split.second : split.first).push_back(all[i]);
+    w += writes;
+  }
+  TORCH_CHECK(w == in_place.size(), "cudnn_fe.execute_: the graph writes its input ", w < in_place.size() ? in_place[w].input : 0,
+              " in place, but only ", all.size(), " inputs were given");
+  return split;
+}
+
+const GraphRecord::InPlace* GraphRecord::writes_output(int64_t output) const {
+  for (const auto& entry : in_place) {
+    if (entry.output == output) return &entry;
+  }
+  return nullptr;
+}
+
 // Outputs are allocated dense (empty_strided from the graph's layout), so this is their layout too.
 at::Tensor OutputMeta::zeros() const { return at::empty_strided_symint(sizes, strides, options).zero_(); }
 
@@ -95,6 +133,14 @@ const GraphRecord* graph_record(int64_t graph) {
   std::shared_lock<std::shared_mutex> lock(t.mutex);
   auto it = t.by_graph.find(graph);
   return it == t.by_graph.end() ? nullptr : it->second.get();
+}
+
+const GraphRecord& in_place_record(int64_t graph) {
+  const GraphRecord* record = graph_record(graph);
+  TORCH_CHECK(record != nullptr && !record->in_place.empty(), "cudnn_fe.execute_: graph ", graph, " writes none of its "
+              "inputs in place; register it with register_graph(builder, in_place={output_index: input_index}), or call "
+              "torch.ops.cudnn_fe.execute (new outputs) or execute.out (into separate tensors)");
+  return *record;
 }
 
 std::vector<at::Tensor> assemble_backward_operands(const GraphRecord& record, at::TensorList grads,

@@ -10,7 +10,11 @@
 //     saves] in autograd_kernels.cpp);
 //   * which outputs are differentiable: the node marks the others non-differentiable,
 //     so no gradient can arrive for an output the backward does not take;
-//   * whether a backward function gets zeros (or None) for an output without gradient.
+//   * whether a backward function gets zeros (or None) for an output without gradient;
+//   * which outputs the graph writes into which of its inputs (register_graph's
+//     in_place): cudnn_fe.execute_ takes those inputs as mutable arguments, apart from
+//     the others, and this record is the one place that says how the two lists merge
+//     back into the graph's inputs and how its outputs split.
 // The native plans that serve a graph are in native::NativePlanTable, by the same id.
 //
 // Lifetime: a record lives for the process, like the graph definition it belongs to
@@ -21,6 +25,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace torch_cudnn_handle {
@@ -64,12 +69,27 @@ struct GraphRecord {
   // from (kGrad or kStep; source -1 cast: none). Empty: not a stepped backward.
   std::vector<Step> steps;
   std::vector<std::optional<Operand>> grads;
+  // Output `output` is written into input `input`; sorted by input (execute_'s
+  // `written` list holds those inputs in that order), each output and input at most once.
+  struct InPlace {
+    int64_t output;
+    int64_t input;
+  };
+  std::vector<InPlace> in_place;
 
   bool declared() const { return backward_graph >= 0; }
   bool stepped() const { return !steps.empty(); }
   bool reads_input(int64_t index, const std::vector<bool>& needs_grad) const;
   bool reads_output(int64_t index, const std::vector<bool>& needs_grad) const;
   bool is_differentiable(int64_t output) const;
+
+  // The graph's inputs, in the builder's order, from execute_'s two lists: `inputs`
+  // (those it does not write) and `written` (those it does, by input index).
+  std::vector<at::Tensor> merge_inputs(at::TensorList inputs, at::TensorList written) const;
+  // The reverse: (inputs it does not write, inputs it writes), for the eager entry.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split_inputs(at::TensorList all) const;
+  // The in-place entry naming `output`, or nullptr.
+  const InPlace* writes_output(int64_t output) const;
 };
 
 // Sizes, strides and options of a forward output: what a gradient that never arrived
@@ -86,6 +106,10 @@ void declare_graph(int64_t graph, GraphRecord record);
 
 // The record of `graph`, or nullptr (an id without a backward may have none).
 const GraphRecord* graph_record(int64_t graph);
+
+// The record of `graph`, which must write some of its inputs in place (execute_'s
+// kernels); a clear error naming the fix otherwise.
+const GraphRecord& in_place_record(int64_t graph);
 
 // The declared backward graph's operands for one call: a missing gradient is zeros
 // like its output; a gradient is then made contiguous, or given the strides of the

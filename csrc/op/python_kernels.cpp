@@ -12,7 +12,7 @@ namespace py = pybind11;
 // Set at import, held for the life of the process and never released: they may be
 // called from autograd's threads until the very end.
 struct Callbacks {
-  py::object execute, execute_out, backward, run_backward_graph;
+  py::object execute, execute_out, execute_in_place, backward, run_backward_graph;
 };
 Callbacks* callbacks = nullptr;
 
@@ -37,9 +37,11 @@ std::vector<at::Tensor> gradients(const py::object& grads) {
 
 }  // namespace
 
-void set(py::object execute, py::object execute_out, py::object backward, py::object run_backward_graph) {
+void set(py::object execute, py::object execute_out, py::object execute_in_place, py::object backward,
+         py::object run_backward_graph) {
   delete callbacks;
-  callbacks = new Callbacks{std::move(execute), std::move(execute_out), std::move(backward), std::move(run_backward_graph)};
+  callbacks = new Callbacks{std::move(execute), std::move(execute_out), std::move(execute_in_place), std::move(backward),
+                            std::move(run_backward_graph)};
 }
 
 std::vector<at::Tensor> execute(int64_t graph, at::TensorList inputs) {
@@ -50,6 +52,11 @@ std::vector<at::Tensor> execute(int64_t graph, at::TensorList inputs) {
 void execute_out(int64_t graph, at::TensorList inputs, at::TensorList out) {
   py::gil_scoped_acquire gil;
   get().execute_out(graph, to_list(inputs), py::arg("out") = to_list(out));
+}
+
+std::vector<at::Tensor> execute_in_place(int64_t graph, at::TensorList all_inputs) {
+  py::gil_scoped_acquire gil;
+  return get().execute_in_place(graph, to_list(all_inputs)).cast<std::vector<at::Tensor>>();
 }
 
 std::vector<at::Tensor> backward(int64_t graph, at::TensorList grad_outputs, at::TensorList inputs,

@@ -12,11 +12,14 @@
 
 namespace torch_cudnn_handle::python_kernels {
 
-void set(pybind11::object execute, pybind11::object execute_out, pybind11::object backward,
-         pybind11::object run_backward_graph);
+void set(pybind11::object execute, pybind11::object execute_out, pybind11::object execute_in_place,
+         pybind11::object backward, pybind11::object run_backward_graph);
 
 std::vector<at::Tensor> execute(int64_t graph, at::TensorList inputs);
 void execute_out(int64_t graph, at::TensorList inputs, at::TensorList out);
+// execute_ with the graph's inputs in the builder's order (the record merged them);
+// returns the outputs not written in place.
+std::vector<at::Tensor> execute_in_place(int64_t graph, at::TensorList all_inputs);
 // One gradient per forward input; an undefined tensor where the input gets none.
 std::vector<at::Tensor> backward(int64_t graph, at::TensorList grad_outputs, at::TensorList inputs,
                                  at::TensorList outputs);

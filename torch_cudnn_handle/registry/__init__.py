@@ -22,7 +22,7 @@ Every function here is thread-safe.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -96,6 +96,7 @@ def register_graph(
     backward_views: Optional[OperandViews] = None,
     backward_steps: Optional[Sequence[BackwardStep]] = None,
     backward_grads: Optional[Sequence[Optional[BackwardOperand]]] = None,
+    in_place: Optional[Mapping[int, int]] = None,
     **params,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -204,12 +205,23 @@ def register_graph(
     tuned (tuning would run it on random offsets). ``backward_ragged`` declares the
     packed operands of its ``backward`` graph the same way, by the backward's operand
     positions; its gradients come back ``[T, H, D]`` like the inputs (registry/ragged.py).
+
+    ``in_place={output: input}``: the graph writes those outputs (indices as
+    ``execute`` returns them) into those inputs' buffers, as upstream binds batchnorm's
+    next running statistics to the running statistics it read. Call it with
+    ``execute_(id, inputs)``, which writes them there and returns the other outputs
+    (the schema declares the written inputs mutated: version counters bump,
+    torch.compile copies back into them, autograd refuses a written input that
+    requires grad). Each such output must have exactly its input's shape, strides and
+    dtype. ``execute`` still returns every output as a new tensor (that is the
+    differentiable form), and ``execute.out`` refuses an ``out`` that overlaps an input.
     """
     return _registry.register(
         builder, name=name, backward=backward, backward_operands=backward_operands, backward_fn=backward_fn,
         backward_reads=backward_reads, differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
         tune=tune, output_shapes=output_shapes, dynamic_shapes=dynamic_shapes, ragged=ragged, backward_ragged=backward_ragged,
         views=views, backward_views=backward_views, backward_steps=backward_steps, backward_grads=backward_grads,
+        in_place=in_place,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         **params,
     )

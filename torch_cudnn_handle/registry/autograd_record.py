@@ -7,7 +7,9 @@ operands, or for declared steps (``backward_steps``: several graphs, run in orde
 the node in C++), each step and where each input's gradient comes from; which inputs
 and outputs the backward reads (the node saves those and nothing more); which
 outputs are differentiable (the node marks the rest non-differentiable, so no gradient
-can arrive that the backward would drop); and whether a backward function gets zeros or None for an output without a gradient.
+can arrive that the backward would drop); whether a backward function gets zeros or None
+for an output without a gradient; and which outputs the graph writes into which of its
+inputs (in_place.py).
 Derived here from the registration's arguments, checked, and handed to C++.
 """
 
@@ -77,11 +79,13 @@ def declare(
     materialize_grads: bool,
     steps: Optional[Sequence[BackwardStep]] = None,
     grads: Optional[Sequence[Optional[BackwardOperand]]] = None,
+    in_place: Sequence[Tuple[int, int]] = (),
 ) -> None:
     """Derive graph ``graph_id``'s record and declare it (before the id is returned, so
-    before any call can record a node)."""
+    before any call can record a node). ``in_place``: (output, input) pairs sorted by
+    input (in_place.py), which the record holds too."""
     if steps is not None:
-        return _declare_steps(graph_id, name, num_inputs, steps, grads, backward_reads, differentiable_outputs)
+        return _declare_steps(graph_id, name, num_inputs, steps, grads, backward_reads, differentiable_outputs, in_place)
     reads = None  # everything: what a backward function or computed operands may read is unknown
     if backward_reads is not None:
         if declared is not None:
@@ -110,11 +114,14 @@ def declare(
     elif not has_backward and (backward_reads is not None or differentiable_outputs is not None):
         raise TypeError(f"register_graph({name!r}): backward_reads and differentiable_outputs need a backward")
     _C.declare_graph(
-        graph_id, has_backward, backward_id if declared is not None else -1, operands, reads, differentiable, bool(materialize_grads)
+        graph_id, has_backward, backward_id if declared is not None else -1, operands, reads, differentiable, bool(materialize_grads),
+        list(in_place),
     )
 
 
-def _declare_steps(graph_id: int, name: str, num_inputs: Optional[int], steps, grads, backward_reads, differentiable_outputs) -> None:
+def _declare_steps(
+    graph_id: int, name: str, num_inputs: Optional[int], steps, grads, backward_reads, differentiable_outputs, in_place
+) -> None:
     """A declared backward of several graphs: each step's operands name gradients, inputs,
     outputs and earlier steps' outputs; ``grads`` says where each input's gradient comes from."""
     steps = tuple(steps)
@@ -160,4 +167,5 @@ def _declare_steps(graph_id: int, name: str, num_inputs: Optional[int], steps, g
         graph_id, True, -1, [], reads, differentiable, True,
         steps=[(step.graph, [as_tuple(o) for o in step.operands], list(step.for_grads)) for step in steps],
         grads=[None if g is None else as_tuple(g) for g in grads],
+        in_place=list(in_place),
     )

@@ -47,6 +47,7 @@ from .description import (
     refuse_low_rank,
 )
 from . import autograd_record, plan_store
+from .in_place import declared_writes
 from .ragged import RaggedOperands
 from .operand_views import OperandViews
 from .specs import GraphLayout, TensorSpec, _spec_of_cudnn_tensor
@@ -92,7 +93,7 @@ class GraphRegistry:
         self, builder, *, name=None, backward=None, backward_operands=None, backward_fn=None, backward_reads=None,
         differentiable_outputs=None, materialize_grads=True, tune=None, output_shapes=None, data_types=None,
         dynamic_shapes=None, ragged=None, backward_ragged=None, views=None, backward_views=None, backward_steps=None,
-        backward_grads=None, **params,
+        backward_grads=None, in_place=None, **params,
     ) -> int:
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
@@ -130,6 +131,13 @@ class GraphRegistry:
         backward_packed = RaggedOperands.declared(f"{name}_backward", backward_ragged, _positional_arity(backward)) if backward_ragged is not None else None
         if declared is not None:
             autograd_record.check_declared_operands(name, declared, num_inputs, _positional_arity(backward))
+        writes = declared_writes(name, in_place, num_inputs)
+        if writes and (views is not None or packed is not None):
+            raise ValueError(
+                f"register_graph({name!r}): in_place writes into the op's own input buffers, and a graph whose operands "
+                "are views (views=) or packed (ragged=) sees them otherwise; write those outputs as new tensors (drop "
+                "in_place)"
+            )
         backward_id = None
         if backward is not None:
             backward_id = self._add(
@@ -159,7 +167,7 @@ class GraphRegistry:
             graph_id, name, num_inputs=num_inputs, backward_id=backward_id, declared=declared,
             has_backward=backward is not None or backward_fn is not None, backward_reads=backward_reads,
             differentiable_outputs=differentiable_outputs, materialize_grads=materialize_grads,
-            steps=backward_steps, grads=backward_grads,
+            steps=backward_steps, grads=backward_grads, in_place=writes,
         )
         return graph_id
 
