@@ -13,7 +13,8 @@ part of the registered definition), make_inputs(device) (op inputs in the builde
 a host scalar stays a CPU tensor, as upstream passes it), reference(inputs) (upstream's torch
 reference: one expected tensor or None per output), tolerances (atol, rtol) per output,
 region(outputs, inputs) (the part of each output a graph defines, for graphs that leave
-padding rows unwritten), and frontend_types: the graph-level data types upstream gives a graph the registry cannot
+padding rows unwritten), in_place ({output: input} where upstream binds an output to an
+input's buffer: registered so, and bound so when the frontend runs the graph), and frontend_types: the graph-level data types upstream gives a graph the registry cannot
 describe (an all-integer graph), used only when the frontend runs the graph itself.
 
 Upstream files the entries come from (paths in NVIDIA/cudnn-frontend):
@@ -56,6 +57,7 @@ class UpstreamGraph:
     params: Dict[str, Any] = dataclasses.field(default_factory=dict)
     region: Optional[Callable[[List[torch.Tensor], List[torch.Tensor]], List[torch.Tensor]]] = None
     frontend_types: Optional[Dict[str, Any]] = None
+    in_place: Optional[Dict[int, int]] = None  # {output: input} the graph writes into its inputs, as upstream binds them
     known_issue: str = ""  # measured on the H200 and still open: the GPU test is an xfail naming it
     note: str = ""
     graph_id: int = -1
@@ -866,7 +868,9 @@ GRAPHS: List[UpstreamGraph] = [
                   note="upstream also binds an epsilon the backward node never reads; left out"),
     UpstreamGraph("batchnorm_relu_mask", "batchnorm", "norm/graph/test_batchnorm.py::test_bn_relu_with_mask",
                   batchnorm_relu_mask, _batchnorm_inputs, _batchnorm_reference, [(1e-3, 1e-3)] * 6,
-                  note="the bool mask (output 5) is written by cuDNN as bits, which the op unpacks; upstream writes the running stats in place (into the inputs); here they are outputs"),
+                  in_place={3: 3, 4: 4},
+                  note="the bool mask (output 5) is written by cuDNN as bits, which the op unpacks; the running stats are "
+                       "written in place (into inputs 3 and 4), as upstream binds them"),
     UpstreamGraph("drelu_dadd_dbn", "batchnorm", "norm/graph/test_batchnorm.py::test_drelu_dadd_dbn[dump_dX_dRelu1]",
                   drelu_dadd_dbn, _drelu_dbn_inputs, _drelu_dbn_reference, [(1e-3, 1e-3)] + [(1e-2, 1e-2)] * 3,
                   note="the bool mask input is read by cuDNN as bits, which the op packs; upstream runs it without a "
@@ -901,7 +905,9 @@ GRAPHS: List[UpstreamGraph] = [
 BY_NAME = {entry.name: entry for entry in GRAPHS}
 
 for _entry in GRAPHS:
-    _entry.graph_id = tch.register_graph(_entry.builder, name=f"upstream_{_entry.name}", **(_entry.frontend_types or {}), **_entry.params)
+    _entry.graph_id = tch.register_graph(
+        _entry.builder, name=f"upstream_{_entry.name}", in_place=_entry.in_place, **(_entry.frontend_types or {}), **_entry.params
+    )
 
 
 # =====================================================================================
@@ -948,14 +954,18 @@ def run_with_frontend(entry: UpstreamGraph, inputs: Sequence[torch.Tensor]) -> L
     """Build the graph for the inputs' device the way the registry does (inside
     ``tch.build_scope``, with the pooled handle, ``graph.build([A, FALLBACK])``) and run it
     with the frontend's own ``graph.execute``: the plan the op's build selects, run by the
-    frontend. Raises what the frontend raises (e.g. cudnnGraphNotSupportedError)."""
+    frontend. An output the entry writes in place is bound to its input's buffer, as
+    upstream binds it, and returned as that input. Raises what the frontend raises (e.g.
+    cudnnGraphNotSupportedError)."""
     device = next(t.device for t in inputs if t.device.type == "cuda")
     with tch.build_scope(device.index) as handle:
         graph, tensors, outputs = describe_with_frontend(entry, inputs, handle)
         graph.validate()
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    written = {output: inputs[input_] for output, input_ in (entry.in_place or {}).items()}
     results = [
-        torch.empty_strided(list(t.dim), list(t.stride), dtype=_TORCH_OF[t.data_type], device=device) for t in outputs
+        written[o] if o in written else torch.empty_strided(list(t.dim), list(t.stride), dtype=_TORCH_OF[t.data_type], device=device)
+        for o, t in enumerate(outputs)
     ]
     workspace = torch.empty(max(int(graph.get_workspace_size()), 1), dtype=torch.uint8, device=device)
     pack = {t: as_cudnn_bits(x) if x.dtype == torch.bool and x.is_cuda else x for t, x in zip(tensors, inputs)}

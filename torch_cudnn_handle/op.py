@@ -252,13 +252,12 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
     writes = _C.in_place_writes(graph)
     check_layouts(_graph_label_name(graph), built.layout, [TensorSpec.of(t) for t in inputs], writes)
     _check_in_place_overlap(graph, inputs, writes)
+    if built.native:  # built by this call: its first run on the plan every later call runs on
+        others = _C.run_native_in_place(graph, inputs)
+        if others is not None:
+            return others
     outputs = _empty_outputs(built.layout, _device(built))
     others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
-    if built.native:  # built by this call: its first run on the plan every later call runs on
-        for output, input_ in writes:
-            outputs[output] = inputs[input_]
-        if _C.run_native_out(graph, inputs, outputs):
-            return others
     # A misaligned written input is staged through one aligned copy, read and written
     # there (the same binding), then copied back.
     staged = _aligned(inputs)

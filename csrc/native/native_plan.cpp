@@ -61,6 +61,18 @@ std::vector<int64_t> OperandLayout::sizes_for(at::TensorList inputs) const {
   return out;
 }
 
+bool OperandLayout::matches_memory(const at::Tensor& tensor, int device, at::TensorList inputs) const {
+  if (host || !tensor.is_cuda() || tensor.get_device() != device || !is_aligned(tensor)) return false;
+  if (tokens_of >= 0 && (tokens_of >= static_cast<int64_t>(inputs.size()) || inputs[tokens_of].dim() == 0)) return false;
+  const auto expected = sizes_for(inputs);
+  if (tensor.scalar_type() != dtype || !tensor.sizes().equals(expected)) return false;
+  const auto given = tensor.strides();
+  for (size_t d = 0; d < expected.size(); ++d) {
+    if (expected[d] != 1 && given[d] != strides[d]) return false;
+  }
+  return true;
+}
+
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
                        std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
                        std::vector<int64_t> output_positions, bool deterministic)

@@ -58,6 +58,10 @@ struct OperandLayout {
   bool matches(const at::Tensor& tensor, int device, at::TensorList inputs) const;
   // The sizes of this operand in a call on `inputs` (a packed one's T filled in).
   std::vector<int64_t> sizes_for(at::TensorList inputs) const;
+  // As matches(), except that the stride of a size-1 dimension may differ (it addresses
+  // nothing): for an input buffer bound as an output too (an in-place write), whose
+  // output descriptor cuDNN may stride differently there (batchnorm's running stats).
+  bool matches_memory(const at::Tensor& tensor, int device, at::TensorList inputs) const;
 };
 
 // What the frontend adds to a call besides the operands, from its serialized graph.

@@ -130,6 +130,12 @@ void bind_op(py::module& m) {
       "The call on the native plan of (graph, inputs), or None when there is none: the Python path hands a "
       "first call back to the plan it just registered.");
   m.def(
+      "run_native_in_place",
+      [](int64_t graph, std::vector<at::Tensor> inputs) { return run_native_in_place(graph, inputs); },
+      py::arg("graph"), py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+      "execute_ on the native plan of (graph, inputs in the builder's order): the outputs not written in place, or "
+      "None when no plan serves the call.");
+  m.def(
       "run_native_out",
       [](int64_t graph, std::vector<at::Tensor> inputs, std::vector<at::Tensor> out) {
         return run_native_out(graph, inputs, out);

@@ -81,17 +81,17 @@ void execute_out_cuda(int64_t graph, at::TensorList inputs, at::TensorList out) 
 // execute_ on a native plan: each written input is bound as its output too (the
 // variant pack holds its pointer under both uids, as the frontend's own in-place
 // bindings do), the other outputs are allocated. nullopt when no plan serves the
-// inputs or a written tensor is not exactly its output's layout (the Python path
-// then names the mismatch).
-std::optional<std::vector<at::Tensor>> run_native_in_place(const GraphRecord& record, int64_t graph,
-                                                           at::TensorList all, at::TensorList written) {
+// inputs or a written tensor does not have its output's memory layout (the Python
+// path then names the mismatch).
+std::optional<std::vector<at::Tensor>> run_plan_in_place(const GraphRecord& record, int64_t graph,
+                                                         at::TensorList all, at::TensorList written) {
   auto plan = native::NativePlanTable::instance().find(graph, all);
   if (!plan) return std::nullopt;
   const auto& layouts = plan->outputs();
   std::vector<at::Tensor> outputs(layouts.size());
   for (size_t w = 0; w < written.size(); ++w) {
     const auto output = static_cast<size_t>(record.in_place[w].output);
-    if (output >= layouts.size() || layouts[output].host || !layouts[output].matches(written[w], plan->device())) {
+    if (output >= layouts.size() || !layouts[output].matches_memory(written[w], plan->device(), all)) {
       return std::nullopt;
     }
     outputs[output] = written[w];
@@ -102,7 +102,7 @@ std::optional<std::vector<at::Tensor>> run_native_in_place(const GraphRecord& re
   others.reserve(layouts.size() - written.size());
   for (size_t o = 0; o < layouts.size(); ++o) {
     if (outputs[o].defined()) continue;
-    outputs[o] = at::detail::empty_strided_cuda(layouts[o].sizes, layouts[o].strides, layouts[o].dtype, device);
+    outputs[o] = at::detail::empty_strided_cuda(layouts[o].sizes_for(all), layouts[o].strides, layouts[o].dtype, device);
     others.push_back(outputs[o]);
   }
   plan->execute(call.handle, call.stream, all, outputs);
@@ -115,7 +115,7 @@ std::vector<at::Tensor> execute_in_place_cuda(int64_t graph, at::TensorList inpu
   const auto all = record.merge_inputs(inputs, written);
   // A written tensor sharing memory with another operand goes to the Python path, which names it.
   if (!may_alias(written, inputs) && !may_alias(written, written, true)) {
-    if (auto others = run_native_in_place(record, graph, all, written)) return std::move(*others);
+    if (auto others = run_plan_in_place(record, graph, all, written)) return std::move(*others);
   }
   std::optional<DeviceCall> call;
   enter_python_path(call, all);
@@ -164,6 +164,17 @@ std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList 
   auto plan = native::NativePlanTable::instance().find(graph, inputs);
   if (!plan) return std::nullopt;
   return run_plan(*plan, inputs);
+}
+
+std::optional<std::vector<at::Tensor>> run_native_in_place(int64_t graph, at::TensorList all_inputs) {
+  const GraphRecord& record = in_place_record(graph);
+  std::vector<at::Tensor> written;
+  for (const auto& entry : record.in_place) {
+    TORCH_CHECK(entry.input < static_cast<int64_t>(all_inputs.size()), "cudnn_fe.execute_: the graph writes its input ",
+                entry.input, ", but got ", all_inputs.size(), " inputs");
+    written.push_back(all_inputs[entry.input]);
+  }
+  return run_plan_in_place(record, graph, all_inputs, written);
 }
 
 std::optional<std::vector<at::Tensor>> run_native_backward(const GraphRecord& record, at::TensorList operands,

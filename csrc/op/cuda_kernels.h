@@ -19,6 +19,10 @@ std::optional<std::vector<at::Tensor>> run_native(int64_t graph, at::TensorList 
 // Whether a native plan matching (graph, inputs, out) ran the call.
 bool run_native_out(int64_t graph, at::TensorList inputs, at::TensorList out);
 
+// execute_ on the native plan matching (graph, all_inputs) (the builder's order): the
+// outputs not written in place, or nullopt when no plan serves the call.
+std::optional<std::vector<at::Tensor>> run_native_in_place(int64_t graph, at::TensorList all_inputs);
+
 // The gradients of one forward call, one per input (undefined where none), from its
 // declared backward graph run on a native plan with `operands` (assembled by the
 // node); nullopt when that is not possible here (no native plan for these operands

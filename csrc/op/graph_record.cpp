@@ -80,7 +80,7 @@ bool GraphRecord::is_differentiable(int64_t output) const {
 }
 
 std::vector<at::Tensor> GraphRecord::merge_inputs(at::TensorList inputs, at::TensorList written) const {
-  TORCH_CHECK(written.size() == in_place.size(), "cudnn_fe.execute_: the graph writes ", in_place.size(),
+  TORCH_CHECK_VALUE(written.size() == in_place.size(), "cudnn_fe.execute_: the graph writes ", in_place.size(),
               " of its inputs in place, got ", written.size(), " written tensors; pass the inputs it writes (by input "
               "index) as `written` and the others as `inputs`, or call torch_cudnn_handle.execute_(graph, all_inputs)");
   std::vector<at::Tensor> all;
@@ -89,7 +89,7 @@ std::vector<at::Tensor> GraphRecord::merge_inputs(at::TensorList inputs, at::Ten
   for (size_t w = 0; w < in_place.size(); ++w) {
     const auto position = static_cast<size_t>(in_place[w].input);
     while (all.size() < position && next_input < inputs.size()) all.push_back(inputs[next_input++]);
-    TORCH_CHECK(all.size() == position, "cudnn_fe.execute_: the graph writes its input ", position, ", but only ",
+    TORCH_CHECK_VALUE(all.size() == position, "cudnn_fe.execute_: the graph writes its input ", position, ", but only ",
                 inputs.size() + written.size(), " tensors were given");
     all.push_back(written[w]);
   }
@@ -105,7 +105,7 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> GraphRecord::split_i
     (writes ? split.second : split.first).push_back(all[i]);
     w += writes;
   }
-  TORCH_CHECK(w == in_place.size(), "cudnn_fe.execute_: the graph writes its input ", w < in_place.size() ? in_place[w].input : 0,
+  TORCH_CHECK_VALUE(w == in_place.size(), "cudnn_fe.execute_: the graph writes its input ", w < in_place.size() ? in_place[w].input : 0,
               " in place, but only ", all.size(), " inputs were given");
   return split;
 }
@@ -137,7 +137,7 @@ const GraphRecord* graph_record(int64_t graph) {
 
 const GraphRecord& in_place_record(int64_t graph) {
   const GraphRecord* record = graph_record(graph);
-  TORCH_CHECK(record != nullptr && !record->in_place.empty(), "cudnn_fe.execute_: graph ", graph, " writes none of its "
+  TORCH_CHECK_VALUE(record != nullptr && !record->in_place.empty(), "cudnn_fe.execute_: graph ", graph, " writes none of its "
               "inputs in place; register it with register_graph(builder, in_place={output_index: input_index}), or call "
               "torch.ops.cudnn_fe.execute (new outputs) or execute.out (into separate tensors)");
   return *record;

@@ -6,7 +6,9 @@ output's uid to the input's buffer. The declaration is checked here when the gra
 registered, and held by the graph's record in C++ (``csrc/op/graph_record.h``, read back
 with ``_C.in_place_writes``), which ``cudnn_fe.execute_`` and its kernels act on. Each
 call's layouts are checked here too (``check_layouts``): an output can be written into
-an input only if it has exactly the input's shape, strides and dtype.
+an input only if it has exactly the input's shape, strides and dtype (a stride of a
+size-1 dimension addresses nothing, so it may differ: cuDNN strides batchnorm's
+[1, C, 1, 1] statistics [C, 1, C, C], torch [C, 1, 1, 1]).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ def declared_writes(name: str, in_place, num_inputs: Optional[int]) -> List[Tupl
     return sorted(pairs, key=lambda pair: pair[1])
 
 
+def same_memory_layout(a: TensorSpec, b: TensorSpec) -> bool:
+    """Same shape and dtype, and the same stride in every dimension of more than one element."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride, b.stride))
+    )
+
+
 def check_layouts(name: str, layout: GraphLayout, inputs: Sequence[TensorSpec], writes: Sequence[Tuple[int, int]]) -> None:
     """Each output written in place has exactly its input's layout, and that input is a device tensor."""
     for output, input_ in writes:
@@ -56,7 +67,7 @@ def check_layouts(name: str, layout: GraphLayout, inputs: Sequence[TensorSpec], 
                 f"cudnn_fe.execute_: graph {name!r} writes output {output} into input {input_}, which is a host scalar "
                 "(passed by value); only a device tensor can be written in place. Pass it as a CUDA tensor."
             )
-        if (given.shape, given.stride, given.dtype) != (written.shape, written.stride, written.dtype):
+        if not same_memory_layout(given, written):
             raise ValueError(
                 f"cudnn_fe.execute_: graph {name!r} writes output {output} ({written.describe()}) in place into input "
                 f"{input_} ({given.describe()}); an in-place output must have exactly its input's shape, strides and "
