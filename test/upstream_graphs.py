@@ -962,7 +962,12 @@ def run_with_frontend(entry: UpstreamGraph, inputs: Sequence[torch.Tensor]) -> L
         graph, tensors, outputs = describe_with_frontend(entry, inputs, handle)
         graph.validate()
         graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    written = {output: inputs[input_] for output, input_ in (entry.in_place or {}).items()}
+    # An in-place output is its input's buffer, seen with the output's strides (which may
+    # differ in unit dimensions: registry/in_place.py), so its layout is the described one.
+    written = {
+        output: inputs[input_].as_strided(list(outputs[output].dim), list(outputs[output].stride))
+        for output, input_ in (entry.in_place or {}).items()
+    }
     results = [
         written[o] if o in written else torch.empty_strided(list(t.dim), list(t.stride), dtype=_TORCH_OF[t.data_type], device=device)
         for o, t in enumerate(outputs)
