@@ -123,8 +123,8 @@ def python_backward_calls():
         calls.append(graph)
         return op._run_declared_backward(graph, operands, num_inputs)
 
-    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, recording, recording_declared)
+    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, recording, recording_declared)
     try:
         yield calls
     finally:
-        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._backward, op._run_declared_backward)
+        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, op._backward, op._run_declared_backward)
