@@ -36,13 +36,13 @@ def accumulate_wide(g, acc, x):
 
 def accumulate_row_major(g, acc, x):
     out = g.add(a=acc, b=x)
-    out.set_dim(list(acc.dim)).set_stride([acc.dim[1], 1])
+    out.set_dim(list(acc.dim)).set_stride([acc.dim[1] * acc.dim[2], acc.dim[2], 1])
     return out
 
 
 def row_sums(g, acc, x):
     out = g.reduction(input=x, mode=cudnn.reduction_mode.ADD)
-    out.set_dim([x.dim[0], 1]).set_stride([1, 1])
+    out.set_dim([x.dim[0], x.dim[1], 1]).set_stride([x.dim[1], 1, 1])
     return out
 
 
@@ -107,10 +107,10 @@ def test_the_schema_declares_exactly_the_written_inputs_mutated():
 
 
 def test_execute_in_place_returns_the_other_outputs_and_bumps_only_written_versions():
-    acc, x, s = meta(4, 8), meta(4, 8), meta(4, 8)
+    acc, x, s = meta(1, 4, 8), meta(1, 4, 8), meta(1, 4, 8)
     before = acc._version, x._version, s._version
     others = tch.execute_(ADD_AND_SCALE, [acc, x, s])
-    assert [(o.shape, o.dtype) for o in others] == [(torch.Size([4, 8]), torch.float32)]
+    assert [(o.shape, o.dtype) for o in others] == [(torch.Size([1, 4, 8]), torch.float32)]
     assert (acc._version, x._version, s._version) == (before[0] + 1, before[1], before[2])
     assert tch.execute_(ACCUMULATE, [acc, x]) == []
     assert acc._version == before[0] + 2
@@ -120,15 +120,15 @@ def test_execute_in_place_returns_the_other_outputs_and_bumps_only_written_versi
 
 
 def test_a_view_written_in_place_bumps_its_base():
-    base = meta(8, 8)
-    view = base[:4]
+    base = meta(1, 8, 8)
+    view = base[:, :4]
     version = base._version
-    tch.execute_(ACCUMULATE, [view, meta(4, 8)])
+    tch.execute_(ACCUMULATE, [view, meta(1, 4, 8)])
     assert base._version == version + 1
 
 
 def test_the_functional_execute_still_returns_every_output():
-    acc, x = meta(4, 8), meta(4, 8)
+    acc, x = meta(1, 4, 8), meta(1, 4, 8)
     (out,) = tch.execute(ACCUMULATE, [acc, x])
     assert out.shape == acc.shape and acc._version == 0
 
@@ -146,20 +146,20 @@ def test_batchnorm_writes_its_running_statistics_in_place():
 
 
 def test_an_output_of_another_dtype_is_refused_with_the_fix():
-    acc, x = meta(4, 8, dtype=torch.float16), meta(4, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"writes output 0 \(float32\[4, 8\].*into input 0 \(float16\[4, 8\].*shape, strides and dtype.*set_data_type"):
+    acc, x = meta(1, 4, 8, dtype=torch.float16), meta(1, 4, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"writes output 0 \(float32\[1, 4, 8\].*into input 0 \(float16\[1, 4, 8\].*shape, strides and dtype.*set_data_type"):
         tch.execute_(ACCUMULATE_WIDE, [acc, x])
 
 
 def test_an_output_of_another_shape_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match=r"writes output 0 \(float32\[4, 1\].*into input 0 \(float32\[4, 8\].*set_dim"):
-        tch.execute_(ROW_SUMS, [meta(4, 8), meta(4, 8)])
+    with pytest.raises(ValueError, match=r"writes output 0 \(float32\[1, 4, 1\].*into input 0 \(float32\[1, 4, 8\].*set_dim"):
+        tch.execute_(ROW_SUMS, [meta(1, 4, 8), meta(1, 4, 8)])
 
 
 def test_an_output_of_other_strides_is_refused_with_the_fix():
-    acc = meta(8, 4).t()  # [4, 8] stride [1, 4]; the builder declares its output row-major
-    with pytest.raises(ValueError, match=r"stride \[8, 1\]\) in place into input 0 \(float32\[4, 8\] stride \[1, 4\]"):
-        tch.execute_(ACCUMULATE_ROW_MAJOR, [acc, meta(8, 4).t()])
+    acc = meta(1, 8, 4).transpose(1, 2)  # [1, 4, 8] stride [32, 1, 4]; the builder declares its output row-major
+    with pytest.raises(ValueError, match=r"stride \[32, 8, 1\]\) in place into input 0 \(float32\[1, 4, 8\] stride \[32, 1, 4\]"):
+        tch.execute_(ACCUMULATE_ROW_MAJOR, [acc, meta(1, 8, 4).transpose(1, 2)])
 
 
 def test_strides_of_unit_dimensions_may_differ():
@@ -172,39 +172,39 @@ def test_strides_of_unit_dimensions_may_differ():
 def test_a_host_scalar_cannot_be_written():
     graph = tch.register_graph(lambda g, x, s: [g.mul(a=x, b=s), g.mul(a=s, b=s)], name="scaled", in_place={1: 1})
     with pytest.raises(ValueError, match="host scalar"):
-        tch.execute_(graph, [meta(4, 8), torch.tensor([2.0])])
+        tch.execute_(graph, [meta(1, 4, 8), torch.tensor(2.0)])
 
 
 def test_a_graph_without_in_place_writes_is_refused():
     with pytest.raises(ValueError, match=r"writes none of its inputs in place.*in_place="):
-        tch.execute_(NOT_IN_PLACE, [meta(4, 8), meta(4, 8)])
+        tch.execute_(NOT_IN_PLACE, [meta(1, 4, 8), meta(1, 4, 8)])
     with pytest.raises(ValueError, match=r"writes none of its inputs in place.*in_place="):
-        torch.ops.cudnn_fe.execute_(NOT_IN_PLACE, [meta(4, 8)], [meta(4, 8)])
+        torch.ops.cudnn_fe.execute_(NOT_IN_PLACE, [meta(1, 4, 8)], [meta(1, 4, 8)])
 
 
 def test_the_raw_op_needs_one_written_tensor_per_write():
     with pytest.raises(ValueError, match="writes 1 of its inputs in place, got 2 written tensors"):
-        torch.ops.cudnn_fe.execute_(ACCUMULATE, [], [meta(4, 8), meta(4, 8)])
+        torch.ops.cudnn_fe.execute_(ACCUMULATE, [], [meta(1, 4, 8), meta(1, 4, 8)])
 
 
 def test_a_written_input_overlapping_another_input_is_refused():
-    acc = meta(4, 8)
+    acc = meta(1, 4, 8)
     with pytest.raises(ValueError, match=r"input 0 .* writes in place \(output 0\), overlaps input 1"):
         tch.execute_(ACCUMULATE, [acc, acc])
     with pytest.raises(ValueError, match="overlaps input 1"):
-        tch.execute_(ACCUMULATE, [acc[:, :4], acc[:, 2:6]])
-    tch.execute_(ACCUMULATE, [acc[:2], acc[2:]])  # same storage, disjoint memory: fine
+        tch.execute_(ACCUMULATE, [acc[:, :, :4], acc[:, :, 2:6]])
+    tch.execute_(ACCUMULATE, [acc[:, :2], acc[:, 2:]])  # same storage, disjoint memory: fine
 
 
 def test_execute_out_refuses_an_out_overlapping_an_input():
-    acc, x = meta(4, 8), meta(4, 8)
+    acc, x = meta(1, 4, 8), meta(1, 4, 8)
     with pytest.raises(ValueError, match=r"out\[0\] .* overlaps inputs\[0\].*in place \(in_place\): call torch_cudnn_handle.execute_"):
         tch.execute_out(ACCUMULATE, [acc, x], out=[acc])
     with pytest.raises(ValueError, match=r"out\[0\] .* overlaps inputs\[1\].*in_place=\{0: 1\}"):
         tch.execute_out(ACCUMULATE, [acc, x], out=[x])
     with pytest.raises(ValueError, match=r"overlaps inputs\[1\]"):
         torch.ops.cudnn_fe.execute.out(NOT_IN_PLACE, [acc, x], out=[x])
-    tch.execute_out(ACCUMULATE, [acc, x], out=[meta(4, 8)])
+    tch.execute_out(ACCUMULATE, [acc, x], out=[meta(1, 4, 8)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,24 +212,24 @@ def test_execute_out_refuses_an_out_overlapping_an_input():
 
 
 def test_a_written_leaf_that_requires_grad_is_refused():
-    acc = meta(4, 8, requires_grad=True)
+    acc = meta(1, 4, 8, requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf tensor that requires grad.*in-place operation"):
-        tch.execute_(ACCUMULATE, [acc, meta(4, 8)])
+        tch.execute_(ACCUMULATE, [acc, meta(1, 4, 8)])
 
 
 def test_a_written_non_leaf_that_requires_grad_is_refused():
-    acc = meta(4, 8, requires_grad=True) * 2
+    acc = meta(1, 4, 8, requires_grad=True) * 2
     with pytest.raises(RuntimeError, match=r"input 0 \(written in place\) requires grad.*cudnn_fe.execute instead"):
-        tch.execute_(ACCUMULATE, [acc, meta(4, 8)])
+        tch.execute_(ACCUMULATE, [acc, meta(1, 4, 8)])
 
 
 def test_another_input_that_requires_grad_is_refused():
     with pytest.raises(RuntimeError, match=r"inputs\[0\] requires grad, and execute_ has no gradient"):
-        tch.execute_(ACCUMULATE, [meta(4, 8), meta(4, 8, requires_grad=True)])
+        tch.execute_(ACCUMULATE, [meta(1, 4, 8), meta(1, 4, 8, requires_grad=True)])
 
 
 def test_no_grad_lets_it_run():
-    acc, x = meta(4, 8, requires_grad=True), meta(4, 8, requires_grad=True)
+    acc, x = meta(1, 4, 8, requires_grad=True), meta(1, 4, 8, requires_grad=True)
     with torch.no_grad():
         tch.execute_(ACCUMULATE, [acc, x])
     assert acc._version == 1
@@ -258,9 +258,9 @@ def test_compile_traces_it_without_a_graph_break_and_copies_back():
     torch._dynamo.reset()
     backend = AotEagerAndRecordGraphs()
     step = torch.compile(lambda acc, x, s: tch.execute_(ADD_AND_SCALE, [acc, x, s]), backend=backend, fullgraph=True)
-    acc, x, s = meta(4, 8), meta(4, 8), meta(4, 8)
+    acc, x, s = meta(1, 4, 8), meta(1, 4, 8), meta(1, 4, 8)
     (scaled,) = step(acc, x, s)
-    assert scaled.shape == (4, 8)
+    assert scaled.shape == (1, 4, 8)
     assert len(backend.graphs) == 1 and "torch.ops.cudnn_fe.execute_.default(" in backend.graphs[0].code
     forward = backend.fw_graphs[0].code
     assert forward.count("torch.ops.cudnn_fe.execute.default(") == 1  # functionalized: the functional op
@@ -286,7 +286,7 @@ def test_compile_refuses_at_trace_time_what_a_call_refuses():
     torch._dynamo.reset()
     step = torch.compile(lambda acc, x: tch.execute_(ACCUMULATE_WIDE, [acc, x]), backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception, match="shape, strides and dtype"):
-        step(meta(4, 8, dtype=torch.float16), meta(4, 8, dtype=torch.float16))
+        step(meta(1, 4, 8, dtype=torch.float16), meta(1, 4, 8, dtype=torch.float16))
 
 
 def test_functionalize_rewrites_it_into_the_functional_op_and_a_copy():
@@ -296,7 +296,7 @@ def test_functionalize_rewrites_it_into_the_functional_op_and_a_copy():
         tch.execute_(ACCUMULATE, [acc, x])
         return acc
 
-    traced = make_fx(torch.func.functionalize(step, remove="mutations_and_views"))(meta(4, 8), meta(4, 8))
+    traced = make_fx(torch.func.functionalize(step, remove="mutations_and_views"))(meta(1, 4, 8), meta(1, 4, 8))
     code = traced.code
     assert "cudnn_fe.execute.default" in code and "execute_" not in code and "copy_" in code
 
@@ -306,11 +306,11 @@ def test_compile_with_dynamic_shapes():
     backend = AotEagerAndRecordGraphs()
     step = torch.compile(lambda acc, x, s: tch.execute_(ADD_AND_SCALE, [acc, x, s]), backend=backend, fullgraph=True, dynamic=True)
     for rows in (4, 6):
-        (scaled,) = step(meta(rows, 8), meta(rows, 8), meta(rows, 8))
-        assert scaled.shape == (rows, 8)
+        (scaled,) = step(meta(1, rows, 8), meta(1, rows, 8), meta(1, rows, 8))
+        assert scaled.shape == (1, rows, 8)
     assert len(backend.graphs) == 1
 
 
 def test_opcheck_on_meta_tensors():
-    acc, x, s = meta(4, 8), meta(4, 8), meta(4, 8)
+    acc, x, s = meta(1, 4, 8), meta(1, 4, 8), meta(1, 4, 8)
     torch.library.opcheck(torch.ops.cudnn_fe.execute_.default, (ADD_AND_SCALE, [x, s], [acc]))

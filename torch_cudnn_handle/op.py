@@ -252,6 +252,10 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
     writes = _C.in_place_writes(graph)
     check_layouts(_graph_label_name(graph), built.layout, [TensorSpec.of(t) for t in inputs], writes)
     _check_in_place_overlap(graph, inputs, writes)
+    return _first_launch_timed(built, lambda: _run_built_in_place(graph, built, inputs, writes))
+
+
+def _run_built_in_place(graph: int, built, inputs: List[torch.Tensor], writes) -> List[torch.Tensor]:
     if built.native:  # built by this call: its first run on the plan every later call runs on
         others = _C.run_native_in_place(graph, inputs)
         if others is not None:
@@ -259,7 +263,8 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
     outputs = _empty_outputs(built.layout, _device(built))
     others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
     # A misaligned written input is staged through one aligned copy, read and written
-    # there (the same binding), then copied back.
+    # there (the same binding), then copied back. (A bool one is bit-packed by _launch,
+    # read from the packed copy and unpacked into it.)
     staged = _aligned(inputs)
     for output, input_ in writes:
         outputs[output] = staged[input_]
