@@ -250,7 +250,8 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
     merged them). Returns the outputs not written in place."""
     built = _built_for_call(graph, inputs)
     writes = _C.in_place_writes(graph)
-    check_layouts(_graph_label_name(graph), built.layout, [TensorSpec.of(t) for t in inputs], writes)
+    specs = [TensorSpec.of(t) for t in inputs]
+    check_layouts(_graph_label_name(graph), built.layout.outputs_for([spec.shape for spec in specs]), specs, writes)
     _check_in_place_overlap(graph, inputs, writes)
     return _first_launch_timed(built, lambda: _run_built_in_place(graph, built, inputs, writes))
 
@@ -260,7 +261,7 @@ def _run_built_in_place(graph: int, built, inputs: List[torch.Tensor], writes) -
         others = _C.run_native_in_place(graph, inputs)
         if others is not None:
             return others
-    outputs = _empty_outputs(built.layout, _device(built))
+    outputs = _empty_outputs(built.layout, _device(built), inputs)
     others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
     # A misaligned written input is staged through one aligned copy, read and written
     # there (the same binding), then copied back. (A bool one is bit-packed by _launch,
@@ -409,7 +410,8 @@ def _execute_in_place_fake(graph: int, inputs: List[torch.Tensor], written: List
     all_inputs = _C.merge_in_place(graph, inputs, written)
     device = _call_device(graph, all_inputs)
     writes = _C.in_place_writes(graph)
-    check_layouts(_graph_label_name(graph), _layout_for_fake(graph, all_inputs), symbolic.hint_specs(all_inputs), writes)
+    specs = symbolic.hint_specs(all_inputs)
+    check_layouts(_graph_label_name(graph), _layout_for_fake(graph, all_inputs).outputs_for([spec.shape for spec in specs]), specs, writes)
     _check_in_place_overlap(graph, all_inputs, writes)
     written_outputs = {output for output, _ in writes}
     return [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .specs import GraphLayout, TensorSpec
+from .specs import TensorSpec
 
 
 def declared_writes(name: str, in_place, num_inputs: Optional[int]) -> List[Tuple[int, int]]:
@@ -53,15 +53,16 @@ def same_memory_layout(a: TensorSpec, b: TensorSpec) -> bool:
     )
 
 
-def check_layouts(name: str, layout: GraphLayout, inputs: Sequence[TensorSpec], writes: Sequence[Tuple[int, int]]) -> None:
-    """Each output written in place has exactly its input's layout, and that input is a device tensor."""
+def check_layouts(name: str, outputs: Sequence[TensorSpec], inputs: Sequence[TensorSpec], writes: Sequence[Tuple[int, int]]) -> None:
+    """Each output written in place has exactly its input's layout, and that input is a
+    device tensor. ``outputs``: the call's output specs (``GraphLayout.outputs_for``)."""
     for output, input_ in writes:
-        if output >= len(layout.outputs):
+        if output >= len(outputs):
             raise ValueError(
                 f"cudnn_fe.execute_: graph {name!r} writes output {output} into input {input_} in place, but it has "
-                f"{len(layout.outputs)} outputs; fix in_place in register_graph"
+                f"{len(outputs)} outputs; fix in_place in register_graph"
             )
-        given, written = inputs[input_], layout.outputs[output]
+        given, written = inputs[input_], outputs[output]
         if given.host:
             raise ValueError(
                 f"cudnn_fe.execute_: graph {name!r} writes output {output} into input {input_}, which is a host scalar "
