@@ -83,6 +83,14 @@ def test_register_refuses_a_malformed_in_place(in_place, error, message):
         tch.register_graph(accumulate, in_place=in_place)
 
 
+def test_register_refuses_in_place_with_packed_operands():
+    def packed(g, q, offsets):
+        return g.add(a=q, b=q)
+
+    with pytest.raises(ValueError, match=r"in_place writes into the op's own input buffers.*ragged="):
+        tch.register_graph(packed, in_place={0: 0}, ragged={0: tch.Ragged(offsets=1, max_seq_len=8)})
+
+
 def test_the_record_holds_the_writes_sorted_by_input():
     graph = tch.register_graph(lambda g, a, b, c: [g.add(a=a, b=b), g.add(a=b, b=c)], in_place={0: 2, 1: 0})
     assert tch._C.in_place_writes(graph) == [(1, 0), (0, 2)]

@@ -115,7 +115,7 @@ def declare(
         raise TypeError(f"register_graph({name!r}): backward_reads and differentiable_outputs need a backward")
     _C.declare_graph(
         graph_id, has_backward, backward_id if declared is not None else -1, operands, reads, differentiable, bool(materialize_grads),
-        list(in_place),
+        in_place=list(in_place),
     )
 
 
