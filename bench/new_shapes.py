@@ -141,12 +141,14 @@ def linear_part(steady_calls: int):
 
     import torch_cudnn_handle as tch
     from torch_cudnn_handle.nn import FusedLinear
-    from torch_cudnn_handle.nn.linear import linear_forward
+    from torch_cudnn_handle.nn.linear import _forward_views, linear_forward
 
     static = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
     cached = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
     cached.load_state_dict(static.state_dict())
-    cached._graph = tch.register_graph(linear_forward, name="bench_new_shapes_linear_gelu_kernel_cache", activation="gelu", dynamic_shapes=True)
+    cached._graph = tch.register_graph(  # the module's forward graph (its operand views), with a kernel cache
+        linear_forward, name="bench_new_shapes_linear_gelu_kernel_cache", views=_forward_views("gelu"), activation="gelu", dynamic_shapes=True
+    )
     modules = {"library static": static, "library kernel_cache": cached}
 
     def make_call(name, tokens):

@@ -110,13 +110,14 @@ def _recording_python_kernels(calls):
         return recorded
 
     _C._set_python_kernels(
-        record("execute", op._execute_cuda), record("execute_out", op._execute_out_cuda), record("backward", op._backward),
+        record("execute", op._execute_cuda), record("execute_out", op._execute_out_cuda),
+        record("execute_", op._execute_in_place_cuda), record("backward", op._backward),
         record("declared backward", op._run_declared_backward),
     )
 
 
 def _restore_python_kernels():
-    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._backward, op._run_declared_backward)
+    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, op._backward, op._run_declared_backward)
 
 
 @requires_native_path
