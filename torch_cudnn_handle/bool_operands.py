@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 import torch
+from torch._prims_common import compute_required_storage_length
 
 from .registry.specs import is_host_scalar
 
@@ -33,10 +34,8 @@ def has_bool(*spec_lists: Sequence) -> bool:
 
 
 def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
-    """Elements from the first to one past the last a view of ``shape``/``stride`` addresses."""
-    if any(n == 0 for n in shape):
-        return 0
-    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    """Elements from the first to one past the last a view addresses (torch's own rule)."""
+    return compute_required_storage_length(tuple(shape), tuple(stride), 0)
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
@@ -46,9 +45,10 @@ def _shifts(device: torch.device) -> torch.Tensor:
 
 
 def _byte_buffer(shape: Sequence[int], stride: Sequence[int], device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(bytes, view): a scratch buffer whose first ``ceil(extent/8)`` bytes hold the bits,
-    and a torch.bool view of it with the operand's shape and strides (what the frontend
-    binds: only its pointer reaches cuDNN)."""
+    """(bytes, view): zeroed scratch of at least the operand's extent in bytes (whole
+    groups of 8), and a torch.bool view of it with the operand's shape and strides (what
+    the frontend binds: only its pointer reaches cuDNN, which finds the bits in the first
+    ``ceil(extent/8)`` bytes)."""
     extent = _extent(shape, stride)
     storage = torch.zeros(max(-(-extent // 8) * 8, 16), dtype=torch.uint8, device=device)
     return storage, storage.view(torch.bool).as_strided(shape, stride) if extent else storage.view(torch.bool)[:0].view(shape)
@@ -57,14 +57,13 @@ def _byte_buffer(shape: Sequence[int], stride: Sequence[int], device: torch.devi
 def packed_input(tensor: torch.Tensor) -> torch.Tensor:
     """A torch.bool CUDA tensor as cuDNN reads it: a view with its shape and strides over
     scratch that holds its elements as bits."""
-    shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-    storage, view = _byte_buffer(shape, stride, tensor.device)
-    extent = _extent(shape, stride)
+    storage, view = _byte_buffer(tuple(tensor.shape), tuple(tensor.stride()), tensor.device)
+    extent = _extent(tensor.shape, tensor.stride())
     if extent:
-        spread = torch.zeros(-(-extent // 8) * 8, dtype=torch.uint8, device=tensor.device)
-        spread.as_strided(shape, stride).copy_(tensor)  # element -> its memory offset
+        spread = storage[: -(-extent // 8) * 8]
+        spread.as_strided(tensor.shape, tensor.stride()).copy_(tensor)  # element -> a byte at its memory offset
         bits = torch.bitwise_left_shift(spread.view(-1, 8), _shifts(tensor.device)).sum(1, dtype=torch.uint8)
-        storage[: bits.numel()].copy_(bits)
+        storage[: bits.numel()].copy_(bits)  # the same scratch now holds the bits where cuDNN reads them
     return view
 
 
@@ -75,14 +74,12 @@ def packed_scratch(output: torch.Tensor) -> torch.Tensor:
 
 def unpack_into(output: torch.Tensor, scratch: torch.Tensor) -> None:
     """Write the bits cuDNN left in ``scratch`` (from packed_scratch) into ``output``."""
-    shape, stride = tuple(output.shape), tuple(output.stride())
-    extent = _extent(shape, stride)
+    extent = _extent(output.shape, output.stride())
     if not extent:
         return
-    nbytes = -(-extent // 8)
-    raw = torch.as_strided(scratch, (nbytes,), (1,)).view(torch.uint8)
+    raw = torch.as_strided(scratch, (-(-extent // 8),), (1,)).view(torch.uint8)
     spread = torch.bitwise_and(torch.bitwise_right_shift(raw.unsqueeze(1), _shifts(output.device)), 1).view(-1)
-    output.copy_(spread.as_strided(shape, stride).view(torch.bool))
+    output.copy_(spread.as_strided(output.shape, output.stride()).view(torch.bool))
 
 
 def pack_call(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:

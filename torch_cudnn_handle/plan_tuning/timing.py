@@ -10,6 +10,7 @@ from typing import Callable, Dict, Tuple
 
 import cudnn
 import torch
+from torch._prims_common import compute_required_storage_length
 
 from .choice import HEURISTICS, PlanChoice
 
@@ -111,7 +112,7 @@ def _random_operand(shape, stride, dtype: torch.dtype, device: int, host: bool =
     # Fill the whole span the strides reach, then view it: writing through an
     # overlapping (e.g. stride-0) view is refused by torch. A host scalar (a
     # pass-by-value operand) is a CPU tensor: cuDNN reads its value on the host.
-    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(n > 0 for n in shape) else 1
+    span = max(compute_required_storage_length(tuple(shape), tuple(stride), 0), 1)
     target = torch.device("cpu") if host else torch.device("cuda", device)
     if dtype.is_floating_point:
         flat = torch.randn(span, device=target).to(dtype)
