@@ -261,17 +261,24 @@ def usable(timers: Dict[str, Callable[[int], float]], notes: List[str]) -> Dict[
     return kept
 
 
+def size_and_operands(batch: int, m: int, k: int, n: int):
+    """The size's label, and one pair of fp16 matmul operands per thread (the most threads measured)."""
+    import torch
+
+    operands = [
+        [torch.randn(batch, m, k, device="cuda", dtype=torch.float16), torch.randn(batch, k, n, device="cuda", dtype=torch.float16)]
+        for _ in range(max(THREAD_COUNTS))
+    ]
+    return f"{batch}x{m}x{k} @ {batch}x{k}x{n} fp16", operands
+
+
 def measure(calls: int = 2000, rounds: int = 3) -> List[dict]:
     import torch
 
     extension = build()
     rows = []
     for batch, m, k, n in SIZES:
-        size = f"{batch}x{m}x{k} @ {batch}x{k}x{n} fp16"
-        operands = [
-            [torch.randn(batch, m, k, device="cuda", dtype=torch.float16), torch.randn(batch, k, n, device="cuda", dtype=torch.float16)]
-            for _ in range(max(THREAD_COUNTS))
-        ]
+        size, operands = size_and_operands(batch, m, k, n)
         torch.cuda.synchronize()
         timers, notes = timers_for(extension, operands, max(THREAD_COUNTS), calls)
         timers = usable(timers, notes)
@@ -314,11 +321,7 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
 
     rows = []
     for batch, m, k, n in SIZES:
-        size = f"{batch}x{m}x{k} @ {batch}x{k}x{n} fp16"
-        operands = [
-            [torch.randn(batch, m, k, device="cuda", dtype=torch.float16), torch.randn(batch, k, n, device="cuda", dtype=torch.float16)]
-            for _ in range(max(THREAD_COUNTS))
-        ]
+        size, operands = size_and_operands(batch, m, k, n)
         last: Dict[str, list] = {OP: [None] * len(operands), BMM: [None] * len(operands)}
 
         def op(i):
