@@ -249,10 +249,7 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
     """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
     merged them). Returns the outputs not written in place."""
     built = _built_for_call(graph, inputs)
-    writes = _C.in_place_writes(graph)
-    specs = [TensorSpec.of(t) for t in inputs]
-    check_layouts(_graph_label_name(graph), built.layout.outputs_for([spec.shape for spec in specs]), specs, writes)
-    _check_in_place_overlap(graph, inputs, writes)
+    writes = _check_in_place(graph, built.layout, inputs, [TensorSpec.of(t) for t in inputs])
     return _first_launch_timed(built, lambda: _run_built_in_place(graph, built, inputs, writes))
 
 
@@ -302,6 +299,16 @@ def _check_out_overlap(graph: int, inputs: Sequence[torch.Tensor], out: Sequence
                 raise ValueError(
                     f"cudnn_fe.execute.out: out[{i}] and out[{k}] of graph {_graph_label(graph)} overlap; pass separate tensors"
                 )
+
+
+def _check_in_place(graph: int, layout, inputs: Sequence[torch.Tensor], specs) -> list:
+    """What execute_ refuses, the CUDA and the fake kernel alike: a written input that is
+    not laid out as the output written into it (registry/in_place.py), or that overlaps
+    another input. Returns the graph's (output, input) writes."""
+    writes = _C.in_place_writes(graph)
+    check_layouts(_graph_label_name(graph), layout.outputs_for([spec.shape for spec in specs]), specs, writes)
+    _check_in_place_overlap(graph, inputs, writes)
+    return writes
 
 
 def _check_in_place_overlap(graph: int, inputs: Sequence[torch.Tensor], writes) -> None:
@@ -409,10 +416,7 @@ def _execute_in_place_fake(graph: int, inputs: List[torch.Tensor], written: List
     """What a real execute_ refuses, refused at trace time; the outputs not written in place."""
     all_inputs = _C.merge_in_place(graph, inputs, written)
     device = _call_device(graph, all_inputs)
-    writes = _C.in_place_writes(graph)
-    specs = symbolic.hint_specs(all_inputs)
-    check_layouts(_graph_label_name(graph), _layout_for_fake(graph, all_inputs).outputs_for([spec.shape for spec in specs]), specs, writes)
-    _check_in_place_overlap(graph, all_inputs, writes)
+    writes = _check_in_place(graph, _layout_for_fake(graph, all_inputs), all_inputs, symbolic.hint_specs(all_inputs))
     written_outputs = {output for output, _ in writes}
     return [
         torch.empty_strided(sizes, strides, dtype=dtype, device=device)
