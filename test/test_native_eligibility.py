@@ -122,6 +122,19 @@ def test_what_the_frontend_adds_per_call_is_carried_over():
     assert spec.workspace_tensors == ((8, 0, 1024), (9, 1024, 0)) and spec.fe_workspace_size == 2048
 
 
+def test_tensors_to_dump_are_a_log_the_native_path_skips_unless_the_frontend_dumps(monkeypatch):
+    doc = document(tensors_to_dump=[[1, "d"]])  # sdpa's ragged offsets, as the frontend lists them
+    monkeypatch.delenv("CUDNN_FRONTEND_LOG_INFO", raising=False)
+    spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
+    assert spec is not None, why
+    for level in ("1", "9"):  # the frontend's tensor-dump levels
+        monkeypatch.setenv("CUDNN_FRONTEND_LOG_INFO", level)
+        spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
+        assert spec is None and "CUDNN_FRONTEND_LOG_INFO" in why, why
+    monkeypatch.setenv("CUDNN_FRONTEND_LOG_INFO", "10")
+    assert backend_plan_of(SerializedGraph(doc), (1, 2, 3))[0] is not None
+
+
 def test_a_double_scalar_is_read_as_written():
     doc = document(variant_pack_uids=[1, 2, 3, 7], pass_by_values={"7": {"index": 4, "value": 1e-05}})  # rmsnorm's epsilon
     spec, why = backend_plan_of(SerializedGraph(doc), (1, 2, 3))
@@ -135,7 +148,6 @@ def test_a_double_scalar_is_read_as_written():
         ({"aligned_operands": {"1": [32, 2]}}, "operand 1 needs 32-byte alignment"),
         ({"a_new_field": 1}, "fields the native path does not know: \\['a_new_field'\\]"),
         ({"workspace_modifications": {"8": [0, 0, ["3F800000"]]}, "variant_pack_uids": [1, 2, 3, 8]}, "workspace_modifications of kind 0"),
-        ({"tensors_to_dump": [[1, "t"]]}, "tensors_to_dump"),
         ({"variant_pack_uids": [1, 2]}, "not exactly the op's operands"),
         ({"cudnn_backend_data": ""}, "no backend plan"),
     ],

@@ -25,6 +25,7 @@ cudnn_frontend copies (the wheel's, libtorch_cuda's) the dynamic linker binds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 from typing import Any, Optional, Tuple
 
@@ -182,6 +183,18 @@ def _by_value_bytes(entry) -> bytes:
     return struct.pack("<f", as_float)[2:]  # bfloat16: the float32's high half (bf16 values are exact floats)
 
 
+def _frontend_dumps_tensors() -> bool:
+    """Whether the frontend logs the contents of a plan's ``tensors_to_dump`` (sdpa's
+    sequence lengths and ragged offsets) on every execute: only at log levels 1-9 of
+    ``CUDNN_FRONTEND_LOG_INFO``, read once by the frontend. The list is a debugging aid
+    and changes nothing the plan computes, so otherwise the native path ignores it."""
+    try:
+        level = int(os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0"))
+    except ValueError:
+        return False  # the frontend reads it with atoi: not a number is level 0
+    return 1 <= level < 10
+
+
 def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = None) -> Tuple[Optional[NativePlanSpec], str]:
     """``(spec, why)``: what ``_C.native_register`` needs when ``graph``'s selected plan
     can run natively with the operands ``uids`` and what the frontend adds per call,
@@ -201,8 +214,8 @@ def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = 
     plan_json = document.get("cudnn_backend_data")
     if not isinstance(plan_json, str) or not plan_json:
         return None, "no backend plan in the serialized graph"
-    if document.get("tensors_to_dump"):
-        return None, "needs the frontend per call (tensors_to_dump)"
+    if document.get("tensors_to_dump") and _frontend_dumps_tensors():
+        return None, "the frontend's tensor dump is on (CUDNN_FRONTEND_LOG_INFO), which logs these tensors per call"
     try:  # a pass-by-value operand of the op itself (a host scalar input) is bound per call, never from here
         by_value = tuple(
             (int(uid), _by_value_bytes(entry)) for uid, entry in (document.get("pass_by_values") or {}).items() if int(uid) not in uids
