@@ -35,6 +35,7 @@ CUDA_ONLY = {
     "csrc/op/cuda_kernels.cpp",
     "csrc/native/native_plan.cpp",
     "csrc/native/native_scratch.cpp",
+    "csrc/native/plan_graphs.cpp",
     "csrc/native/graph_keepalive.cpp",
     "csrc/native/bindings.cpp",
 }

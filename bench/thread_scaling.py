@@ -3,6 +3,11 @@ C++ (no GIL anywhere): calls per second of T threads (1/4/16/64), each on its ow
 and (for cuDNN) its own handle, started together and timed until every stream is done, for
 
 * ``cudnn_fe.execute``: the op through the dispatcher, its native path;
+* ``cudnn_fe.execute, graph-capable plan``: the same op on a matmul whose builder selects
+  engines with cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note, so the native path launches
+  its calls as CUDA graphs once their addresses repeat (Note [Native CUDA graph launch],
+  csrc/native/plan_graphs.h); each thread's output buffer comes back from torch's
+  caching allocator at the same address every call;
 * ``torch.bmm``: the same product, the baseline;
 * (a) ``cudnnBackendExecute, shared plan``: the op's floor, the same serialized plan
   executed alone (thread's own handle, a variant pack built once), one plan descriptor
@@ -43,13 +48,14 @@ ROOT = os.path.dirname(HERE)
 THREAD_COUNTS = (1, 4, 16, 64)
 SIZES = ((1, 16, 16, 16), (8, 256, 256, 256))
 OP, BMM = "cudnn_fe.execute", "torch.bmm"
+OP_GRAPH = "cudnn_fe.execute, graph-capable plan"
 SHARED, PER_THREAD, CAPABLE = ("cudnnBackendExecute, shared plan", "cudnnBackendExecute, plan per thread",
                                "cudnnBackendExecute, graph-capable plan")
 # mode in the C++. Mode 2 (the executable graph re-pointed per kernel node,
 # cudaGraphExecKernelNodeSetParams) is not a candidate: on the H200 it failed with "invalid
 # device function" for cuDNN's kernels (loaded through the driver API, not the runtime's).
 GRAPH_ROUTES = {"graph launch": 0, "graph update + exec update": 1}
-CANDIDATES = (OP, BMM, SHARED, PER_THREAD, CAPABLE) + tuple(GRAPH_ROUTES)
+CANDIDATES = (OP, OP_GRAPH, BMM, SHARED, PER_THREAD, CAPABLE) + tuple(GRAPH_ROUTES)
 ATOL, RTOL = 5e-2, 1e-2  # fp16 outputs of two different GEMM kernels, fp32 accumulation
 
 
@@ -59,6 +65,25 @@ def build():
     from tools.extension_build import load_cuda_bench
 
     return load_cuda_bench("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp", "csrc/backend/descriptors.cpp"])
+
+
+_GRAPH_CAPABLE_OP = []
+
+
+def graph_capable_op() -> int:
+    """The bench matmul, registered with a builder that keeps only engines cuDNN can
+    populate into a CUDA graph (as a frontend user filters plans by behavior note)."""
+    if not _GRAPH_CAPABLE_OP:
+        import cudnn
+
+        import torch_cudnn_handle as tch
+
+        def matmul(graph, a, b):
+            graph.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
+            return graph.matmul(a, b, name="mm")
+
+        _GRAPH_CAPABLE_OP.append(tch.register_graph(matmul, name="bench_matmul_graph_capable"))
+    return _GRAPH_CAPABLE_OP[0]
 
 
 def calls_at(calls: int, threads: int) -> int:
@@ -196,9 +221,16 @@ def timers_for(extension, operands, threads_max: int, calls: int) -> Dict[str, C
 
     timers: Dict[str, Callable[[int], float]] = {
         OP: op_or_bmm(lambda t: extension.op_calls_per_second(MATMUL, operands, t, calls_at(calls, t)), OP),
+        OP_GRAPH: op_or_bmm(lambda t: extension.op_calls_per_second(graph_capable_op(), operands, t, calls_at(calls, t)), OP_GRAPH),
         BMM: op_or_bmm(lambda t: extension.bmm_calls_per_second(operands, t, calls_at(calls, t)), BMM),
     }
+    import torch_cudnn_handle as tch
+
     notes = []
+    with torch.no_grad():
+        for name, graph_id in ((OP, MATMUL), (OP_GRAPH, graph_capable_op())):
+            tch.execute(graph_id, operands[0])
+            notes.append(f"{name}: " + "; ".join(f"{b.engine}, {b.path_reason}" for b in tch.built_graphs(graph_id)))
     registry = BackendCall.of_registry(MATMUL, operands[0], threads_max, operands)
     if registry.plan_json is None:
         notes.append(f"no backend-alone rows: {registry.why}")
@@ -322,18 +354,22 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
     rows = []
     for batch, m, k, n in SIZES:
         size, operands = size_and_operands(batch, m, k, n)
-        last: Dict[str, list] = {OP: [None] * len(operands), BMM: [None] * len(operands)}
+        graph_op = graph_capable_op()
+        last: Dict[str, list] = {OP: [None] * len(operands), OP_GRAPH: [None] * len(operands), BMM: [None] * len(operands)}
 
         def op(i):
             last[OP][i] = torch.ops.cudnn_fe.execute(MATMUL, operands[i])[0]
 
+        def op_graph(i):
+            last[OP_GRAPH][i] = torch.ops.cudnn_fe.execute(graph_op, operands[i])[0]
+
         def bmm(i):
             last[BMM][i] = torch.bmm(*operands[i])
 
-        candidates = {OP: op, BMM: bmm}
+        candidates = {OP: op, OP_GRAPH: op_graph, BMM: bmm}
         print(f"\n### Python threads, {size}, {calls} calls per thread\n", flush=True)
-        print(f"| threads | {OP} calls/s | {BMM} calls/s | op / bmm |")
-        print("| ---: | ---: | ---: | ---: |")
+        print(f"| threads | {OP} calls/s | {OP_GRAPH} calls/s | {BMM} calls/s | op / bmm | graph-capable op / bmm |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for threads in THREAD_COUNTS:
             gang = ThreadGang(threads)
             try:
@@ -348,8 +384,9 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
                 gang.close()
             rate = {name: threads * calls / statistics.median(values) for name, values in seconds.items()}
             rows.append(dict(size=size, threads=threads, calls_per_thread=calls, rates=rate, op_over_bmm=rate[OP] / rate[BMM],
-                             python_threads=True))
-            print(f"| {threads} | {rate[OP]:,.0f} | {rate[BMM]:,.0f} | {rate[OP] / rate[BMM]:.2f}x |", flush=True)
+                             over_bmm={name: value / rate[BMM] for name, value in rate.items()}, python_threads=True))
+            print(f"| {threads} | {rate[OP]:,.0f} | {rate[OP_GRAPH]:,.0f} | {rate[BMM]:,.0f} | {rate[OP] / rate[BMM]:.2f}x "
+                  f"| {rate[OP_GRAPH] / rate[BMM]:.2f}x |", flush=True)
     return rows
 
 

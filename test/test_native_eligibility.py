@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+import torch_cudnn_handle as tch
 from torch_cudnn_handle.native import backend_plan_of, decode_ubjson
 
 
@@ -156,3 +157,9 @@ def test_anything_else_keeps_the_python_path_and_says_why(changes, reason):
     spec, why = backend_plan_of(SerializedGraph(document(**changes)), (1, 2, 3))
     assert spec is None
     assert re.search(reason, why), why
+
+
+@pytest.mark.skipif(tch.with_cuda, reason="the CPU build's behaviour")
+def test_without_cuda_graph_launch_stays_off():
+    assert tch.set_native_cuda_graphs(True) is False
+    assert tch.native_cuda_graph_stats() == dict(populated=0, launched=0, failed=0, kept=0, enabled=False)

@@ -32,6 +32,7 @@ from .registry import (
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
 from .op import execute, execute_, execute_out
 from .plan_tuning import set_plan_tuning, tuning_stats
+from .native import native_cuda_graph_stats, set_native_cuda_graphs
 from .frontend_ops import adopt_frontend_ops, restore_frontend_ops
 
 __all__ += [
@@ -45,6 +46,8 @@ __all__ += [
     "registry_stats",
     "set_cache_capacity",
     "set_native_path",
+    "set_native_cuda_graphs",
+    "native_cuda_graph_stats",
     "set_dynamic_shapes",
     "set_plan_cache",
     "built_graphs",

@@ -11,6 +11,11 @@ what it cannot (workspace tensors filled with copied data, tensor dumps, a seria
 format it does not know) keeps the Python path. The choice is per built graph and
 visible (``BuiltGraph.native``, ``path_reason``, ``registry_stats()``).
 
+A plan whose engine supports cuDNN's native CUDA graph API is, in addition, launched as
+a CUDA graph when a call's addresses repeat, which skips cuDNN's host path (serialized
+across threads): Note [Native CUDA graph launch] in ``csrc/native/plan_graphs.h``;
+``set_native_cuda_graphs`` switches it.
+
 How the plan crosses over, and why that is safe: ``pygraph.serialize()`` of a backend
 plan is the frontend's documented serialized form (UBJSON, written by its C++
 ``Graph::serialize``), whose ``cudnn_backend_data`` field is the backend's own JSON
@@ -29,7 +34,9 @@ import os
 import struct
 from typing import Any, Optional, Tuple
 
-__all__ = ["decode_ubjson", "backend_plan_of", "NativePlanSpec"]
+import cudnn
+
+__all__ = ["decode_ubjson", "backend_plan_of", "NativePlanSpec", "set_native_cuda_graphs", "native_cuda_graph_stats"]
 
 _FIXED = {
     ord("i"): struct.Struct(">b"),
@@ -161,6 +168,7 @@ class NativePlanSpec:
     fe_workspace_size: int = 0  # the frontend's region at the start of the workspace
     workspace_tensors: Tuple[Tuple[int, int, int], ...] = ()  # uid, offset, bytes zeroed before each call
     replacements: Tuple[Tuple[int, int, int], ...] = ()  # uid, source uid, byte offset
+    cuda_graph: bool = False  # the engine supports cuDNN's native CUDA graph API (plan_graphs.h)
 
 
 def _float_bits(value) -> float:
@@ -238,8 +246,42 @@ def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = 
     pack_uids = set(document.get("variant_pack_uids", ()))  # with or without the frontend's own tensors
     if set(uids) & extra_uids or pack_uids not in (set(uids), set(uids) | extra_uids):
         return None, "its variant pack is not exactly the op's operands and the frontend's per-call tensors"
-    spec = NativePlanSpec(plan_json, by_value, int(document.get("fe_workspace_size", 0) or 0), tuple(workspace_tensors), replacements)
+    spec = NativePlanSpec(
+        plan_json, by_value, int(document.get("fe_workspace_size", 0) or 0), tuple(workspace_tensors), replacements,
+        cuda_graph=_supports_cuda_graphs(graph),
+    )
     return spec, "backend plan"
+
+
+def _supports_cuda_graphs(graph) -> bool:
+    """Whether the selected plan's engine carries SUPPORTS_CUDA_GRAPH_NATIVE_API, so cuDNN
+    can populate a CUDA graph with its call."""
+    try:
+        return cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API in graph.get_behavior_notes()
+    except Exception:  # noqa: BLE001 -- a graph that cannot say is executed, never launched as a graph
+        return False
+
+
+def set_native_cuda_graphs(enabled: bool) -> bool:
+    """Whether the native path may launch a plan as a CUDA graph when a call's addresses
+    repeat (Note [Native CUDA graph launch] in csrc/native/plan_graphs.h): on by default,
+    ``TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS=0`` turns it off at start. Results are the
+    same either way (the plan's kernels on the same addresses). Returns the previous
+    setting; without CUDA there is no native path, and it stays False."""
+    from . import _C
+
+    return bool(_C.set_native_cuda_graphs(bool(enabled))) if _C.with_cuda else False
+
+
+def native_cuda_graph_stats() -> dict:
+    """The native path's CUDA graphs, every pooled handle together: ``populated``,
+    ``launched``, ``failed`` (populations cuDNN or CUDA refused; those calls executed),
+    ``kept`` (alive now), and ``enabled``."""
+    from . import _C
+
+    if not _C.with_cuda:
+        return dict(populated=0, launched=0, failed=0, kept=0, enabled=False)
+    return dict(_C.native_cuda_graph_counts(), enabled=bool(_C.native_cuda_graphs_enabled()))
 
 
 def _replacement_items(replacements):

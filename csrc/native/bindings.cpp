@@ -9,6 +9,7 @@
 #include "native/graph_keepalive.h"
 #include "native/native_plan.h"
 #include "native/native_scratch.h"
+#include "native/plan_graphs.h"
 
 namespace py = pybind11;
 
@@ -61,7 +62,8 @@ void bind_native(py::module& m) {
       [](int64_t graph, int device, const py::sequence& inputs, const py::sequence& outputs, std::vector<int64_t> uids,
          const py::bytes& plan_json, const py::sequence& by_value, int64_t fe_workspace_size,
          const py::sequence& workspace_tensors, const py::sequence& replacements,
-         std::vector<int64_t> output_positions, bool deterministic, const std::vector<int64_t>& tokens_of) {
+         std::vector<int64_t> output_positions, bool deterministic, const std::vector<int64_t>& tokens_of,
+         bool cuda_graph) {
         auto input_layouts = layouts_of(inputs);
         auto output_layouts = layouts_of(outputs);
         TORCH_CHECK(tokens_of.empty() || tokens_of.size() == input_layouts.size() + output_layouts.size(),
@@ -77,7 +79,7 @@ void bind_native(py::module& m) {
           py::gil_scoped_release no_gil;  // deserializing and finalizing a plan takes a while
           plan = std::make_shared<const NativePlan>(device, json, std::move(uids), std::move(input_layouts),
                                                     std::move(output_layouts), std::move(extras),
-                                                    std::move(output_positions), deterministic);
+                                                    std::move(output_positions), deterministic, cuda_graph);
         }
         NativePlanTable::instance().add(graph, plan);
         return py::make_tuple(plan->serial(), plan->workspace_size());
@@ -85,12 +87,34 @@ void bind_native(py::module& m) {
       py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
       py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
       py::arg("replacements") = py::list(), py::arg("output_positions") = std::vector<int64_t>(),
-      py::arg("deterministic") = false, py::arg("tokens_of") = std::vector<int64_t>(),
+      py::arg("deterministic") = false, py::arg("tokens_of") = std::vector<int64_t>(), py::arg("cuda_graph") = false,
       "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
       "these input layouts; returns (serial, workspace bytes). `deterministic`: the plan was chosen among "
       "deterministic engines only, so calls under torch.use_deterministic_algorithms(True) may run it. "
       "`tokens_of`: per operand (inputs, then outputs), the input whose first size a packed (ragged) "
-      "operand has, whatever it is (-1: exact sizes); empty: none is packed.");
+      "operand has, whatever it is (-1: exact sizes); empty: none is packed. `cuda_graph`: the plan's "
+      "engine supports cuDNN's native CUDA graph API, so calls may launch it as a CUDA graph (plan_graphs.h).");
+  m.def("set_native_cuda_graphs", &native::set_native_cuda_graphs, py::arg("enabled"),
+        "Whether the native path may launch plans as CUDA graphs (plan_graphs.h); returns the previous setting.");
+  m.def("native_cuda_graphs_enabled", &native::native_cuda_graphs_enabled);
+  m.def(
+      "native_cuda_graph_counts",
+      [] {
+        native::PlanGraphCounts counts;
+        {
+          py::gil_scoped_release no_gil;  // waits for each handle's call in flight
+          counts = native::plan_graph_counts();
+        }
+        py::dict out;
+        out["populated"] = counts.populated;
+        out["launched"] = counts.launched;
+        out["failed"] = counts.failed;
+        out["kept"] = counts.kept;
+        return out;
+      },
+      "The native path's CUDA graphs, all handles together: populated, launched, failed populations, kept now.");
+  m.def("forget_native_cuda_graphs", [] { return native::forget_native_graphs(0); }, py::call_guard<py::gil_scoped_release>(),
+        "Destroy every kept CUDA graph of the native path; returns how many.");
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },
         py::arg("graph"), py::arg("serial"));
   m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },

@@ -16,6 +16,7 @@
 #include "backend/descriptors.h"
 #include "native/graph_keepalive.h"
 #include "native/native_scratch.h"
+#include "native/plan_graphs.h"
 
 namespace torch_cudnn_handle::native {
 namespace {
@@ -26,6 +27,10 @@ std::atomic<int64_t> plans_alive{0};
 // A plan's last use is recorded at this resolution, so threads sharing a hot plan
 // write its cache line at most once a millisecond each.
 constexpr int64_t kUseResolutionNs = 1000000;
+
+// Populations that may fail before a plan stops trying (each costs a failed call into
+// cuDNN and the driver; one may fail for a passing reason, e.g. a global-mode capture).
+constexpr int kMaxGraphFailures = 3;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -75,7 +80,7 @@ bool OperandLayout::matches_memory(const at::Tensor& tensor, int device, at::Ten
 
 NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
                        std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
-                       std::vector<int64_t> output_positions, bool deterministic)
+                       std::vector<int64_t> output_positions, bool deterministic, bool cuda_graph)
     : device_(device),
       deterministic_(deterministic),
       operand_uids_(std::move(operand_uids)),
@@ -83,6 +88,7 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
       outputs_(std::move(outputs)),
       extras_(std::move(extras)),
       output_positions_(std::move(output_positions)),
+      cuda_graph_(cuda_graph),
       serial_(next_plan_serial.fetch_add(1, std::memory_order_relaxed)) {
   TORCH_CHECK(operand_uids_.size() == inputs_.size() + outputs_.size(),
               "torch_cudnn_handle: a native plan needs one uid per input and output");
@@ -96,6 +102,7 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
                   "torch_cudnn_handle: a packed operand's token count must come from one of the plan's inputs");
     }
   }
+  for (const auto& layout : inputs_) cuda_graph_ = cuda_graph_ && !layout.host;  // read when populated, not per launch
   pack_uids_ = operand_uids_;
   by_value_storage_.resize(extras_.by_value.size());
   for (size_t i = 0; i < extras_.by_value.size(); ++i) {
@@ -135,6 +142,50 @@ NativePlan::~NativePlan() {
 }
 
 int64_t NativePlan::alive() { return plans_alive.load(std::memory_order_relaxed); }
+
+bool NativePlan::launches_cuda_graphs() const {
+#if CUDNN_VERSION >= 90500
+  return cuda_graph_ && graph_failures_.load(std::memory_order_relaxed) < kMaxGraphFailures &&
+      backend::cudnn_library().populate_cuda_graph != nullptr;
+#else
+  return false;
+#endif
+}
+
+bool NativePlan::launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c10::ArrayRef<void*> pointers,
+                              void* engine_workspace) const {
+#if CUDNN_VERSION >= 90500
+  NativeScratch& scratch = NativeScratch::of(handle);  // its mutex is held by execute()
+  PlanGraphs& graphs = scratch.graphs();
+  const PlanGraphs::Lookup found = graphs.find(serial_, pointers, engine_workspace);
+  if (found.exec == nullptr && !found.populate) return false;
+  cudaGraphExec_t exec = found.exec;
+  if (exec == nullptr) {
+    // Populated on this thread's handle; a failure (an engine that declines after all,
+    // a capture in global mode on another thread refusing the instantiation) leaves
+    // this call to cudnnBackendExecute and clears the error CUDA recorded for it.
+    cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
+    cudaGraph_t graph = nullptr;
+    bool made = cudaGraphCreate(&graph, 0) == cudaSuccess &&
+        backend::cudnn_library().populate_cuda_graph(handle->backend_handle, plan_, pack, graph) == CUDNN_STATUS_SUCCESS &&
+        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    if (!made) {
+      (void)cudaGetLastError();
+      graph_failures_.fetch_add(1, std::memory_order_relaxed);
+      ++graphs.failed;
+      return false;
+    }
+    graphs.add(found, shared_from_this(), pointers, engine_workspace, exec);
+    ++graphs.populated;
+  }
+  C10_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  ++graphs.launched;
+  return true;
+#else
+  return false;
+#endif
+}
 
 void NativePlan::mark_used() const {
   const int64_t now = now_ns();
@@ -187,6 +238,12 @@ void NativePlan::execute(PooledCudnnHandle* handle, cudaStream_t stream, at::Ten
     pointers.push_back(static_cast<char*>(pointers[source]) + offset);
   }
   void* engine_workspace = workspace ? workspace + extras_.fe_workspace_size : nullptr;
+  // A kept workspace and no capture: the call may be a launch of a graph made for the
+  // same addresses (Note [Native CUDA graph launch], plan_graphs.h).
+  if (!capturing && !per_call_workspace && native_cuda_graphs_enabled() && launches_cuda_graphs() &&
+      launch_graph(handle, stream, pointers, engine_workspace)) {
+    return;
+  }
   cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
   backend::check_cudnn(backend::cudnn_library().execute(handle->backend_handle, plan_, pack), "cudnnBackendExecute");
 }
@@ -212,6 +269,8 @@ bool NativePlanTable::remove(int64_t graph, uint64_t serial) {
   dropped = std::move(*match);
   plans.erase(match);
   if (plans.empty()) plans_.erase(it);
+  lock.unlock();
+  forget_native_graphs(serial);  // the handles' graphs of it hold it too (plan_graphs.h)
   return true;
 }
 

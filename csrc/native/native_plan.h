@@ -84,15 +84,20 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   // `output_positions`: which of the builder's returned values each output is (a
   // backward builder returns None for an input without a gradient); empty: in order.
   // `deterministic`: chosen among engines cuDNN does not mark non-deterministic.
+  // `cuda_graph`: its engine has cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note, so calls
+  // may launch it as a CUDA graph (Note [Native CUDA graph launch], plan_graphs.h).
   NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
              std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
-             std::vector<int64_t> output_positions = {}, bool deterministic = false);
+             std::vector<int64_t> output_positions = {}, bool deterministic = false, bool cuda_graph = false);
   ~NativePlan();
   NativePlan(const NativePlan&) = delete;
   NativePlan& operator=(const NativePlan&) = delete;
 
   int device() const { return device_; }
   bool deterministic() const { return deterministic_; }
+  // Whether calls may be launched as CUDA graphs: the engine allows it, no input is a
+  // host scalar, and populating has not failed repeatedly.
+  bool launches_cuda_graphs() const;
   uint64_t serial() const { return serial_; }
   int64_t workspace_size() const { return extras_.fe_workspace_size + engine_workspace_size_; }
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
@@ -111,6 +116,10 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
 
  private:
   void mark_used() const;
+  // Launches this call as a CUDA graph of the handle's (Note [Native CUDA graph launch]);
+  // false: it did not, and the caller executes it.
+  bool launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c10::ArrayRef<void*> pointers,
+                    void* engine_workspace) const;
 
   int device_;
   bool deterministic_;
@@ -124,6 +133,8 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   std::vector<std::pair<size_t, int64_t>> replacement_sources_;  // pack index of the source, offset
   cudnnBackendDescriptor_t plan_ = nullptr;
   int64_t engine_workspace_size_ = 0;
+  bool cuda_graph_;
+  mutable std::atomic<int> graph_failures_{0};  // populations that failed, on any handle
   uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
   mutable std::atomic<int64_t> last_used_ns_{0};
 };

@@ -112,14 +112,18 @@ int64_t NativeScratch::release_workspaces() {
   return bytes;
 }
 
-int64_t release_native_workspaces() {
-  int64_t bytes = 0;
+void for_each_native_scratch(const std::function<void(NativeScratch&)>& fn) {
   for_each_pooled_handle([&](PooledCudnnHandle* handle) {
     auto* scratch = static_cast<NativeScratch*>(handle->consumer_state.load(std::memory_order_acquire));
     if (scratch == nullptr) return;
     std::lock_guard<std::mutex> lock(scratch->mutex());
-    bytes += scratch->release_workspaces();
+    fn(*scratch);
   });
+}
+
+int64_t release_native_workspaces() {
+  int64_t bytes = 0;
+  for_each_native_scratch([&](NativeScratch& scratch) { bytes += scratch.release_workspaces(); });
   return bytes;
 }
 

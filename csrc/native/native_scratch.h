@@ -1,5 +1,5 @@
-// What the native path keeps per pooled handle between calls: a workspace per stream
-// and the last variant pack. Stored in the handle's consumer_state, so it lives as long
+// What the native path keeps per pooled handle between calls: a workspace per stream,
+// the last variant pack, and CUDA graphs of recent calls (plan_graphs.h). Stored in the handle's consumer_state, so it lives as long
 // as the handle (forever) and passes with it to the next thread that borrows it. The
 // holding thread uses it under its mutex for a whole call (workspace to launch), so
 // release_native_workspaces() can free the workspaces from any thread, never while a
@@ -12,9 +12,11 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
+#include "native/plan_graphs.h"
 #include "pool/cudnn_handle_pool.h"
 
 namespace torch_cudnn_handle::native {
@@ -40,6 +42,9 @@ class NativeScratch {
   // With mutex() held.
   int64_t release_workspaces();
 
+  // The CUDA graphs of recent calls (Note [Native CUDA graph launch]); with mutex() held.
+  PlanGraphs& graphs() { return graphs_; }
+
  private:
 
   struct StreamWorkspace {
@@ -53,7 +58,12 @@ class NativeScratch {
   cudnnBackendDescriptor_t variant_pack_ = nullptr;
   uint64_t variant_pack_plan_ = 0;
   std::vector<void*> variant_pack_pointers_;  // operands, then the workspace
+  PlanGraphs graphs_;
 };
+
+// Runs `fn` on the scratch of every pooled handle that has one, each under its mutex
+// (so between that handle's calls), from any thread.
+void for_each_native_scratch(const std::function<void(NativeScratch&)>& fn);
 
 // Frees the native path's kept workspaces of every pooled handle, safe while other
 // threads run (each scratch is freed under its mutex, so between calls). The memory

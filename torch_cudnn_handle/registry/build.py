@@ -105,9 +105,11 @@ def _build(
                         spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                         workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
                         output_positions=list(layout.output_positions), deterministic=deterministic,
-                        **_token_counts(definition, len(specs), layout),
+                        cuda_graph=spec.cuda_graph, **_token_counts(definition, len(specs), layout),
                     )
-                    native, reason = True, "backend plan, run from C++"
+                    native, reason = True, "backend plan, run from C++" + (
+                        " (launched as a CUDA graph when its addresses repeat)" if spec.cuda_graph else ""
+                    )
                 except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                     reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
             clock.lap("native")

@@ -1,0 +1,206 @@
+"""The native path's CUDA graph launch (Note [Native CUDA graph launch],
+csrc/native/plan_graphs.h), on a GPU, with real plans:
+
+* a matmul whose builder keeps only engines cuDNN can populate into a CUDA graph: the
+  first call at new addresses executes, the second populates a graph and launches it,
+  later ones launch it; every output bitwise equal to the frontend's own execute of the
+  same plan and to the op with graph launch switched off; new values at the same
+  addresses are read by the launched graph (nothing is baked in but addresses);
+* the functional op in a loop (torch's caching allocator hands the output back at the
+  same address) launches graphs; threads each launch their own; a CUDA-graph capture
+  records an execute, never a launch, and replays right;
+* the registry forgetting a plan destroys its graphs; switched off, nothing is launched.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cudnn
+import pytest
+import torch
+
+import torch_cudnn_handle as tch
+from conftest import requires_cuda
+from torch_cudnn_handle.registry import TensorSpec
+
+pytestmark = requires_cuda
+
+
+def graph_capable_matmul(graph, a, b):
+    graph.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])  # as a frontend user filters plans
+    return graph.matmul(a, b, name="mm")
+
+
+def plain_matmul(graph, a, b):
+    return graph.matmul(a, b, name="mm")
+
+
+@pytest.fixture
+def matmul():
+    """A registered graph-capable matmul and its operands; skips where no such plan is built."""
+    graph = tch.register_graph(graph_capable_matmul, name="graph_capable_matmul")
+    a = torch.randn(4, 64, 32, device="cuda", dtype=torch.float16)
+    b = torch.randn(4, 32, 48, device="cuda", dtype=torch.float16)
+    try:
+        tch.execute(graph, [a, b])
+    except cudnn.cudnnGraphNotSupportedError as error:
+        pytest.skip(f"no engine with SUPPORTS_CUDA_GRAPH_NATIVE_API for this matmul here: {error}")
+    (built,) = [x for x in tch.built_graphs(graph) if x.inputs == (TensorSpec.of(a), TensorSpec.of(b))]
+    assert built.native, built.path_reason
+    assert "CUDA graph" in built.path_reason, built.path_reason  # the builder's note filter reached plan creation
+    previous = tch.set_native_cuda_graphs(True)
+    yield graph, a, b, built
+    tch.set_native_cuda_graphs(previous)
+
+
+def frontend_output(built, a, b):
+    out = torch.empty_strided(built.layout.outputs[0].shape, built.layout.outputs[0].stride, dtype=a.dtype, device=a.device)
+    workspace = torch.empty(max(built.workspace_size, 1), dtype=torch.uint8, device=a.device)
+    built.graph.execute([a, b, out], workspace, handle=tch.current_handle(a.device), tensor_uids=built.uids)
+    torch.cuda.synchronize()
+    return out
+
+
+def counts():
+    torch.cuda.synchronize()
+    return tch.native_cuda_graph_stats()
+
+
+def test_a_call_at_repeated_addresses_is_launched_as_a_graph_bitwise_equal_to_execute(matmul):
+    graph, a, b, built = matmul
+    expected = frontend_output(built, a, b)
+    out = torch.empty_like(expected)
+    before = counts()
+    for call in range(4):
+        out.fill_(float("nan"))  # a route that wrote nothing fails
+        tch.execute_out(graph, [a, b], out=[out])
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), f"call {call}"
+    after = counts()
+    # Call 0 executes (addresses seen once), call 1 populates and launches, 2 and 3 launch;
+    # call 0 already populates when `out` got the block of the fixture's first output.
+    assert after["populated"] - before["populated"] == 1, (before, after)
+    assert after["launched"] - before["launched"] in (3, 4), (before, after)
+    assert after["failed"] == before["failed"]
+    torch.testing.assert_close(out, torch.bmm(a, b), atol=5e-2, rtol=1e-2)
+
+
+def test_a_launched_graph_reads_the_values_at_its_addresses_not_the_ones_it_was_made_with(matmul):
+    graph, a, b, built = matmul
+    out = torch.empty(4, 64, 48, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        tch.execute_out(graph, [a, b], out=[out])  # a graph for these addresses exists now
+    before = counts()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        tch.execute_out(graph, [a, b], out=[out])
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), frontend_output(built, a, b).view(torch.int16)), f"seed {seed}"
+    assert counts()["launched"] - before["launched"] == 3
+
+
+def test_graph_launch_switched_off_gives_the_same_bits_and_launches_nothing(matmul):
+    graph, a, b, built = matmul
+    on = [tch.execute(graph, [a, b])[0] for _ in range(3)]
+    previous = tch.set_native_cuda_graphs(False)
+    try:
+        assert previous is True and tch.native_cuda_graph_stats()["enabled"] is False
+        before = counts()
+        off = [tch.execute(graph, [a, b])[0] for _ in range(3)]
+        assert counts()["launched"] == before["launched"] and counts()["populated"] == before["populated"]
+    finally:
+        tch.set_native_cuda_graphs(previous)
+    for x in on + off:
+        assert torch.equal(x.view(torch.int16), on[0].view(torch.int16))
+
+
+def test_the_functional_op_in_a_loop_is_launched_from_the_second_sighting(matmul):
+    graph, a, b, _ = matmul
+    expected = tch.execute(graph, [a, b])[0]
+    before = counts()
+    for _ in range(10):  # each output is freed before the next call: the allocator hands the block back
+        (y,) = torch.ops.cudnn_fe.execute(graph, [a, b])
+        assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+        del y
+    after = counts()
+    assert after["launched"] - before["launched"] >= 5, (before, after)
+
+
+def test_threads_launch_their_own_graphs_and_get_their_own_products(matmul):
+    graph, _, _, built = matmul
+    operands = [(torch.randn(4, 64, 32, device="cuda", dtype=torch.float16), torch.randn(4, 32, 48, device="cuda", dtype=torch.float16))
+                for _ in range(8)]
+    expected = [frontend_output(built, a, b) for a, b in operands]
+    results, errors = [None] * 8, []
+    before = counts()
+
+    def work(i):
+        try:
+            stream = torch.cuda.Stream()
+            out = torch.empty(4, 64, 48, device="cuda", dtype=torch.float16)
+            with torch.cuda.stream(stream):
+                for _ in range(20):
+                    torch.ops.cudnn_fe.execute.out(graph, list(operands[i]), out=[out])
+            stream.synchronize()
+            results[i] = out
+        except Exception as error:  # noqa: BLE001 -- reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(8):
+        assert torch.equal(results[i].view(torch.int16), expected[i].view(torch.int16)), f"thread {i}"
+    after = counts()
+    assert after["populated"] - before["populated"] >= 8 and after["launched"] - before["launched"] >= 8 * 18, (before, after)
+
+
+def test_a_capture_records_an_execute_and_replays_right(matmul):
+    graph, a, b, built = matmul
+    for _ in range(3):
+        tch.execute(graph, [a, b])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tch.execute(graph, [a, b])
+    torch.cuda.current_stream().wait_stream(stream)
+    before = counts()
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        (static_out,) = torch.ops.cudnn_fe.execute(graph, [a, b])
+    assert counts()["launched"] == before["launched"]  # the capture went through cudnnBackendExecute
+    a.copy_(torch.randn_like(a))
+    captured.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out.view(torch.int16), frontend_output(built, a, b).view(torch.int16))
+
+
+def test_forgetting_a_plan_destroys_its_graphs():
+    graph = tch.register_graph(graph_capable_matmul, name="graph_capable_matmul_forgotten")
+    a = torch.randn(2, 32, 32, device="cuda", dtype=torch.float16)
+    b = torch.randn(2, 32, 32, device="cuda", dtype=torch.float16)
+    out = torch.empty(2, 32, 32, device="cuda", dtype=torch.float16)
+    try:
+        for _ in range(3):
+            tch.execute_out(graph, [a, b], out=[out])
+    except cudnn.cudnnGraphNotSupportedError as error:
+        pytest.skip(f"no graph-capable engine: {error}")
+    if "CUDA graph" not in tch.built_graphs(graph)[0].path_reason:
+        pytest.skip(tch.built_graphs(graph)[0].path_reason)
+    kept = counts()["kept"]
+    assert kept >= 1
+    capacity = tch.registry_stats()["capacity"]
+    tch.set_cache_capacity(1)  # evicts every built graph but the newest
+    try:
+        other = tch.register_graph(plain_matmul, name="evicts_the_graph_capable_one")
+        tch.execute(other, [a, b])
+        assert not tch.built_graphs(graph)
+        assert counts()["kept"] < kept
+    finally:
+        tch.set_cache_capacity(capacity)
