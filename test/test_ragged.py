@@ -216,3 +216,93 @@ def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():
     ins[5] = offsets
     with pytest.raises(ValueError, match=r"input 5 .* ragged offsets of packed input 0 and is on cpu, but the graph runs on cuda:0.*offsets\.to\('cuda:0'\)"):
         op._inputs_device(graph, ins)
+
+
+# -- packed inputs sharing offsets under symbols of their own ------------------------
+# torch.compile's automatic dynamic shapes (no dynamic=True: the second token count
+# recompiles) give K's T and V's T a symbol each, although they share offsets and so
+# are always equal; the fake kernel must describe them as one token count.
+
+
+def _fake_cuda_packed(*tokens):
+    """A shape environment without duck shaping (equal sizes, distinct symbols, as
+    automatic dynamic shapes give them) and one fake CUDA [T, H, D] buffer per count, each
+    T a symbol of its own; create under the returned mode."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    shape_env = ShapeEnv(duck_shape=False)
+    symbols = [
+        shape_env.create_symintnode(shape_env.create_symbol(n, ConstantSource(f"tokens{i}"), dynamic_dim=DimDynamic.DYNAMIC), hint=n)
+        for i, n in enumerate(tokens)
+    ]
+    mode = FakeTensorMode(shape_env=shape_env)
+    with mode:
+        buffers = [torch.empty(t, rg.H, rg.D, dtype=torch.float16, device="cuda:0") for t in symbols]
+    return mode, symbols, buffers
+
+
+def _expr(size) -> str:
+    return str(size.node.expr) if isinstance(size, torch.SymInt) else str(size)
+
+
+def test_packed_inputs_sharing_offsets_are_one_token_count_under_distinct_symbols():
+    graph = rg.register()[0]
+    lens_q, lens_kv = (4, 5, 6), (3, 3, 3)
+    mode, (tq, tk, tv), (q, k, v) = _fake_cuda_packed(sum(lens_q), sum(lens_kv), sum(lens_kv))
+    assert _expr(tk) != _expr(tv)  # what automatic dynamic shapes hand the fake kernel
+    with mode:
+        rest = rg.inputs(lens_q, lens_kv, "cuda:0")[3:]
+        (o,) = torch.ops.cudnn_fe.execute(graph, [q, k, v, *rest])
+    assert o.device == torch.device("cuda:0") and tuple(o.shape[1:]) == (rg.H, rg.D)
+    assert isinstance(o.shape[0], torch.SymInt) and _expr(o.shape[0]) == _expr(tq)  # O follows q's symbol
+    assert _expr(tk) == _expr(tv)  # torch now knows K and V hold the same tokens (a guard of the frame)
+
+
+def test_gradients_of_packed_inputs_sharing_offsets_follow_one_symbol():
+    """The declared backward: dK and dV share K's offsets, dQ and dO Q's; with every
+    packed operand a symbol of its own, each gradient follows its input's symbol."""
+    forward = rg.register_training()
+    backward = tch.registry._registry.definition(forward).backward_id
+    lens_q, lens_kv = (4, 5, 6), (3, 3, 3)
+    tq, tkv = sum(lens_q), sum(lens_kv)
+    mode, (t_do, t_q, t_k, t_v, t_o, t_stats), (d_o, q, k, v, o, stats) = _fake_cuda_packed(tq, tq, tkv, tkv, tq, tq)
+    with mode:
+        stats = torch.empty(t_stats, rg.H, 1, dtype=torch.float32, device="cuda:0")
+        rest = rg.training_inputs(lens_q, lens_kv, "cuda:0")[3:]
+        d_q, d_k, d_v = torch.ops.cudnn_fe.execute(backward, [d_o, q, k, v, o, stats, *rest])
+    assert [_expr(g.shape[0]) for g in (d_q, d_k, d_v)] == [_expr(t_q), _expr(t_k), _expr(t_k)]
+    assert len({_expr(t) for t in (t_do, t_q, t_o)}) == 1 and _expr(t_k) == _expr(t_v)
+
+
+def test_distinct_symbols_of_unequal_token_counts_are_refused_with_the_fix():
+    graph = rg.register()[0]
+    mode, _, (q, k, v) = _fake_cuda_packed(15, 9, 10)
+    with mode:
+        rest = rg.inputs((4, 5, 6), (3, 3, 3), "cuda:0")[3:]
+        with pytest.raises(ValueError, match=r"inputs 1 and 2 .* share ragged offsets \(input 6\) but hold 9 and 10 tokens; give each buffer its own offsets"):
+            torch.ops.cudnn_fe.execute(graph, [q, k, v, *rest])
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_compile_with_automatic_dynamic_shapes_recompiles_once_for_every_token_count(training):
+    """No dynamic=True: the second token count recompiles with each buffer's T a symbol of
+    its own (K's and V's too), and that frame serves every later count."""
+    graph = rg.register_training() if training else rg.register()[0]
+    make = rg.training_inputs if training else rg.inputs
+    backend = AotEagerAndRecordGraphs()
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend=backend, fullgraph=True)
+    for lens_q, lens_kv in LENS:
+        ins = make(lens_q, lens_kv, "meta")
+        for t in ins[:3]:
+            t.requires_grad_(training)
+        o = compiled(*ins)
+        assert tuple(o.shape) == (sum(lens_q), rg.H, rg.D)
+        if training:
+            o.float().sum().backward()
+            assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
+    assert (len(backend.fw_graphs), len(backend.bw_graphs)) == (2, 2 if training else 0)
+    (output,) = [n for n in backend.fw_graphs[1].graph.nodes if n.op == "output"]
+    traced = output.args[0][0].meta["val"]
+    assert isinstance(traced.shape[0], torch.SymInt)  # symbolic T in the recompiled frame

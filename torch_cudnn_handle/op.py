@@ -357,15 +357,18 @@ def _fake_output_layouts(graph: int, inputs: Sequence[torch.Tensor], device: tor
     (torch.compile(dynamic=True); registry/symbolic.py), from the graph's descriptions."""
     definition = _registry.definition(graph)
     describe = lambda specs: _registry.layout(graph, specs, _cuda_index(device))  # noqa: E731
+    at_hints = describe(symbolic.hint_specs(inputs))  # refuses what a call at these sizes would
+    if definition.ragged is not None:
+        definition.ragged.tie_tokens(inputs)  # packed inputs sharing offsets: one symbol, before any probe
     if definition.output_shapes is not None and symbolic.is_symbolic(inputs):
         shapes = definition.output_shapes(*[t.shape for t in inputs])
-        return symbolic.shaped_outputs(definition.name, shapes, inputs, describe(symbolic.hint_specs(inputs)))
+        return symbolic.shaped_outputs(definition.name, shapes, inputs, at_hints)
     layouts = symbolic.output_layouts(definition.name, describe, inputs)
     if definition.ragged is None:
         return layouts
     # A packed output has the token count of the input it is like: that input's size,
     # symbolic under dynamic shapes (the description, keyed without it, has TOKENS).
-    tokens_like = describe(symbolic.hint_specs(inputs)).tokens_like
+    tokens_like = at_hints.tokens_like
     return [
         (sizes if like < 0 else [inputs[like].shape[0], *sizes[1:]], strides, dtype)
         for (sizes, strides, dtype), like in zip(layouts, tokens_like or [-1] * len(layouts))

@@ -21,7 +21,7 @@ depends on ``T``:
     ``T`` of the first packed input (in input order) that cuDNN describes with the same
     ``B``, ``H`` and ``S``: ``q``'s, for an sdpa's O declared like ``q`` and its
     ``[B, H, S, 1]`` statistics. Packed inputs that share one offsets input must have
-    the same ``T``.
+    the same ``T``; under torch.compile they have one symbol (``tie_tokens``).
 
 What cannot be checked without reading device memory (a host sync the op never
 does): that the offsets fit the buffers (``offsets[-1] <= T*H*D``) and that no
@@ -123,6 +123,28 @@ class RaggedOperands:
                     "each buffer its own offsets input (ragged={..., i: Ragged(offsets=...)})"
                 )
         return tuple(out)
+
+    def tie_tokens(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Under symbolic sizes, tell torch that packed inputs sharing offsets hold one
+        token count. torch.compile's automatic dynamic shapes give each buffer a symbol of
+        its own (K's T and V's T as s0 and s1); ``torch._check(s0 == s1)`` guards the
+        compiled frame on their equality (which every real call must have) and makes the
+        shape environment replace one symbol by the other, so the fake kernel's probe
+        (symbolic.py) moves them together and every output follows one symbol. Call it
+        after describing the call at the sizes' hints, which refuses unequal counts with
+        the fix (``call_specs``); a frame guarded here is recompiled for such a call, and
+        refused there."""
+        for index, _ in self.packed:
+            first = self.tokens_group(index)
+            if first == index or max(first, index) >= len(inputs):
+                continue
+            a, b = inputs[first].shape[0], inputs[index].shape[0]
+            if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+                torch._check(
+                    a == b,
+                    lambda: f"cudnn_fe.execute: inputs {first} and {index} of graph {self.graph!r} share ragged offsets "
+                    f"but hold {a} and {b} tokens",
+                )
 
     def _check_offsets(self, index: int, at: int, spec: TensorSpec) -> None:
         fix = "ragged offsets are B + 1 int64 (or int32) elements on the GPU of the other inputs: (cumulative token counts * H * D).to(device)"

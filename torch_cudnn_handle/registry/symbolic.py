@@ -11,6 +11,11 @@ both descriptions. Nothing here evaluates a SymInt through a guard, so the trace
 not specialize: one compiled frame serves every size. An output that follows the
 inputs some other way (a sum or product of sizes, padding) is refused with the fix:
 ``register_graph(..., output_shapes=fn)``.
+
+A symbol torch knows to equal another (a replacement in its shape environment, such as
+ragged.py's ``tie_tokens`` makes for packed inputs sharing offsets) is that other symbol
+here: ``SymInt.node.expr`` applies the shape environment's replacements, so the probe
+moves both together and an output follows one symbol.
 """
 
 from __future__ import annotations
