@@ -341,33 +341,45 @@ class GraphRegistry:
     def _reused(self, key, built: BuiltGraph) -> BuiltGraph:
         """``built``, found built for a call: a pending one is handed to the native path
         first, by the one thread that claims it (see the module docstring)."""
-        if not built.native_pending or _capturing(built.device):
-            return built
-        with self._lock:
-            if not built.native_pending or key in self._handing_over:
-                return built  # handed over, or being handed over: this call runs on the Python path
-            self._handing_over.add(key)
+        if not built.native_pending or _capturing(built.device) or not self.claim_hand_over(key, built):
+            return built  # nothing to hand over, or another thread does: this call runs on the Python path
         clock = PhaseClock()
         try:
-            native, serial, reason = hand_over(built, clock)
+            result = hand_over(built, clock)
         except BaseException:  # hand_over reports registration failures; anything else leaves it pending
             with self._lock:
                 self._handing_over.discard(key)
             raise
+        self.finish_hand_over(key, built, result, clock.seconds)
+        return built
+
+    def claim_hand_over(self, key, built: BuiltGraph) -> bool:
+        """Whether this thread hands the pending ``built`` (cached under ``key``) over: one
+        thread per graph, until ``finish_hand_over``."""
+        with self._lock:
+            if not built.native_pending or key in self._handing_over:
+                return False
+            self._handing_over.add(key)
+            return True
+
+    def finish_hand_over(self, key, built: BuiltGraph, result: Tuple[bool, int, str], seconds: Dict[str, float]) -> None:
+        """Publish a claimed hand-over's ``result`` (``(native, serial, path_reason)``) and
+        its ``seconds`` by phase. A graph evicted (or dropped) meanwhile stays on the
+        Python path, and its native plan is forgotten: nothing would forget it later."""
+        native, serial, reason = result
         with self._lock:
             self._handing_over.discard(key)
             self.counters["hand_overs"] += 1
-            for phase, seconds in clock.seconds.items():
-                built.phase_seconds[phase] = built.phase_seconds.get(phase, 0.0) + seconds
-            self.phase_seconds.update(clock.seconds)
-            evicted = self._built.get(key) is not built  # evicted or dropped meanwhile: its plan must not outlive it
+            for phase, spent in seconds.items():
+                built.phase_seconds[phase] = built.phase_seconds.get(phase, 0.0) + spent
+            self.phase_seconds.update(seconds)
+            evicted = self._built.get(key) is not built
             if evicted:
                 publish(built, False, 0, "evicted from the cache while it was handed to the native path; the Python path runs it")
             else:
                 publish(built, native, serial, reason)
         if evicted and native:
             _C.native_forget(key[0], serial)
-        return built
 
     def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
         """The op's first launch of ``built`` took ``seconds`` on the host: its
