@@ -4,8 +4,9 @@
 // outputs from torch's caching allocator on the current stream, then the plan
 // (native/native_plan.h). Any other call (first use of a layout, which builds the
 // graph; its second, which hands the plan to the native path; plans the frontend must
-// drive per call; misaligned views) goes to the Python registry path. Either way the call runs on this thread's pooled handle in the right
-// context, and leaves the caller's context (so its current device) as it found it.
+// drive per call; misaligned views) goes to the Python registry path. Either way the
+// call runs on this thread's pooled handle in the right context, and leaves the
+// caller's context (so its current device) as it found it.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
