@@ -1,8 +1,8 @@
 """What a new shape costs, and what a second process saves (issue 20).
 
 1. Causal SDPA, bf16, B=2 H=8 D=64, forward + backward, at 12 lengths never seen before
-   (136..1544): the first call at each length (build included) and the steady call,
-   medians over lengths, for the library's static route, its kernel-cache route
+   (136..1544): the first call at each length (build included), the second (where the
+   library hands a plan to its native path) and the steady call, medians over lengths, for the library's static route, its kernel-cache route
    (dynamic shapes), torch's flash backend and torch's cuDNN backend; candidates
    interleaved per length.
 2. ``FusedLinear(1024, 1024, activation="gelu")`` forward at 12 new token counts:
@@ -11,7 +11,9 @@
    For the library's candidates, also: the total build seconds over all lengths, and
    where a new length's time went (the graphs built for one length summed, median over
    lengths; ``BuiltGraph.phase_seconds``, registry/build_timing.py): cuDNN's build steps,
-   the library's own share around them (goal <= 1 ms) and the first execution.
+   the library's own share around them in the first call (goal <= 1 ms), the first
+   execution, and the native hand-over the second call pays (``native_hand_over``; a
+   length used once never does).
 3. Two processes sharing a plan store (a fresh directory): the main job's block
    (``TransformerBlock(512, 8)``, bf16, batch 8x256, one training step). Plan obtaining
    seconds (``registry_stats()["phase_seconds"]`` over ``OBTAIN_PHASES``: cuDNN's build
@@ -43,6 +45,8 @@ import tempfile  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from torch_cudnn_handle.registry.build_timing import LIBRARY_PHASES, OBTAIN_PHASES, PHASES  # noqa: E402
+
+HAND_OVER = "native_hand_over"
 LENGTHS = [136 + 128 * i for i in range(12)]  # 136 .. 1544
 TOKENS = [4 * n for n in LENGTHS]
 GOAL_PLAN_RATIO = 0.1
@@ -52,7 +56,8 @@ GOAL_LIBRARY_MS = 1.0
 def new_length_breakdown(built, size_of) -> dict:
     """Where a new size's time went: the phases of the graphs built for one size summed,
     then the median over sizes, in ms; with cuDNN's share, the library's and the first
-    execution's (registry/build_timing.py)."""
+    execution's (the first call), and the native hand-over's (the second call;
+    registry/build_timing.py)."""
     per_size = {}
     for b in built:
         size = per_size.setdefault(size_of(b), {})
@@ -66,34 +71,38 @@ def new_length_breakdown(built, size_of) -> dict:
     return dict(
         phase_ms={p: median_of([p]) for p in PHASES if any(p in size for size in sizes)},
         cudnn_ms=median_of(OBTAIN_PHASES), library_ms=median_of(LIBRARY_PHASES), first_execution_ms=median_of(["first_execution"]),
+        hand_over_ms=median_of([HAND_OVER]),
     )
 
 
-def _first_and_steady(fn, steady_calls: int):
-    """ms of the first call (synchronized), then ms per call of ``steady_calls`` more."""
+def _first_second_and_steady(fn, steady_calls: int):
+    """ms of the first call and of the second (each synchronized), then ms per call of
+    ``steady_calls`` more."""
     import torch
 
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    first = (time.perf_counter() - start) * 1e3
+    calls = []
+    for _ in range(2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        calls.append((time.perf_counter() - start) * 1e3)
     start = time.perf_counter()
     for _ in range(steady_calls):
         fn()
     torch.cuda.synchronize()
-    return first, (time.perf_counter() - start) * 1e3 / steady_calls
+    return calls[0], calls[1], (time.perf_counter() - start) * 1e3 / steady_calls
 
 
 def _interleaved(candidates, sizes, make_call, steady_calls):
-    """{candidate: ([first ms per size], [steady ms per size])}, the order rotating per size."""
-    results = {name: ([], []) for name in candidates}
+    """{candidate: ([first ms per size], [second ms per size], [steady ms per size])}, the
+    order rotating per size."""
+    results = {name: ([], [], []) for name in candidates}
     for i, size in enumerate(sizes):
         order = candidates[i % len(candidates):] + candidates[: i % len(candidates)]
         for name in order:
-            first, steady = _first_and_steady(make_call(name, size), steady_calls)
-            results[name][0].append(first)
-            results[name][1].append(steady)
+            for column, ms in zip(results[name], _first_second_and_steady(make_call(name, size), steady_calls)):
+                column.append(ms)
     return results
 
 
@@ -223,19 +232,24 @@ def main() -> None:
         (f"FusedLinear(1024, 1024, gelu) forward, bf16, {len(TOKENS)} new token counts {TOKENS[0]}..{TOKENS[-1]}", linear_part),
     ):
         results, builds, size_of = part(args.steady_calls)
-        print(f"\n{title}\n{'candidate':<24}{'first call ms':>15}{'steady ms':>12}{'builds s':>10}  (medians over sizes; builds: total)")
+        print(f"\n{title}\n{'candidate':<24}{'first call ms':>15}{'second ms':>11}{'steady ms':>12}{'builds s':>10}"
+              "  (medians over sizes; builds: total)")
         figures[title] = {}
-        for name, (first, steady) in results.items():
+        for name, (first, second, steady) in results.items():
             built = builds.get(name) or []
-            entry = figures[title][name] = dict(first_ms=median(first), steady_ms=median(steady), first_ms_each=first, steady_ms_each=steady)
+            entry = figures[title][name] = dict(
+                first_ms=median(first), second_ms=median(second), steady_ms=median(steady), first_ms_each=first,
+                second_ms_each=second, steady_ms_each=steady,
+            )
             total = sum(b.build_seconds for b in built) if built else None
-            print(f"{name:<24}{median(first):>15.2f}{median(steady):>12.3f}" + ("" if total is None else f"{total:>10.2f}"))
+            print(f"{name:<24}{median(first):>15.2f}{median(second):>11.2f}{median(steady):>12.3f}" + ("" if total is None else f"{total:>10.2f}"))
             if built:
                 entry.update(new_length_breakdown(built, size_of), build_seconds_total=total, routes=sorted({b.route for b in built}))
                 phases = entry["phase_ms"]
                 print(f"{'':<4}a new length, ms (median): cuDNN {entry['cudnn_ms']:.2f}, library {entry['library_ms']:.2f} "
                       f"(goal <= {GOAL_LIBRARY_MS:g}: {'met' if entry['library_ms'] <= GOAL_LIBRARY_MS else 'NOT met'}), "
-                      f"first execution {entry['first_execution_ms']:.2f}; routes {entry['routes']}")
+                      f"first execution {entry['first_execution_ms']:.2f}; native hand-over at the second call "
+                      f"{entry['hand_over_ms']:.2f}; routes {entry['routes']}")
                 print(f"{'':<4}by phase: " + ", ".join(f"{p} {phases[p]:.2f}" for p in PHASES if p in phases))
 
     if not args.skip_processes:

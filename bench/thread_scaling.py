@@ -159,7 +159,7 @@ class BackendCall:
         from torch_cudnn_handle.registry import TensorSpec
 
         with torch.no_grad():
-            (out,) = tch.execute(graph_id, inputs)  # built (and registered natively) here
+            (out,) = tch.execute(graph_id, inputs)  # built here (handed to the native path at its second call)
         specs = tuple(TensorSpec.of(t) for t in inputs)
         built = next(b for b in tch.built_graphs(graph_id) if b.inputs == specs and b.device == inputs[0].device.index)
         return cls(built.graph, built.uids, built.workspace_size, out, operand_sets, threads)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from torch_cudnn_handle.registry.build import BuiltGraph
-from torch_cudnn_handle.registry.build_timing import LIBRARY_PHASES, OBTAIN_PHASES, PHASES, PhaseClock
+from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES, LIBRARY_PHASES, OBTAIN_PHASES, PHASES, PhaseClock
 from torch_cudnn_handle.registry.cache import GraphRegistry
 from torch_cudnn_handle.registry.specs import GraphLayout
 
@@ -29,9 +29,11 @@ def test_an_unknown_phase_is_refused_with_the_known_ones():
         PhaseClock().lap("build")
 
 
-def test_the_phases_split_into_cudnn_work_the_library_share_and_the_first_execution():
-    assert not set(OBTAIN_PHASES) & set(LIBRARY_PHASES)
-    assert set(OBTAIN_PHASES) | set(LIBRARY_PHASES) | {"first_execution"} == set(PHASES)
+def test_the_phases_split_into_cudnn_work_the_library_share_and_later_calls():
+    groups = [set(OBTAIN_PHASES), set(LIBRARY_PHASES), set(AFTER_BUILD_PHASES)]
+    assert sum(map(len, groups)) == len(set.union(*groups))  # disjoint
+    assert set.union(*groups) == set(PHASES)
+    assert set(AFTER_BUILD_PHASES) == {"first_execution", "native_hand_over"}
     assert len(PHASES) == len(set(PHASES))
 
 

@@ -1,7 +1,7 @@
 """Where a new shape's time goes, on a GPU (registry/build_timing.py): each built
 graph's ``phase_seconds`` names cuDNN's build steps, the library's own work around
-them and the first execution, by the route it took; and a new length's first backward
-is not described a second time. Outputs are checked against torch."""
+them and the first execution, by the route it took, and the native hand-over of its
+second call apart; and a new length's first backward is not described a second time. Outputs are checked against torch."""
 
 import uuid
 
@@ -16,15 +16,21 @@ from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle.registry import _registry, plan_store
+from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 
 pytestmark = requires_cuda
 
 BUILT = {"operation_graph", "heuristics", "support", "plan"}
 
 
+def handed_over_at_build() -> bool:
+    return _registry.native_enabled and _registry.native_hand_over == "build"
+
+
 def library_phases(*more):
-    """The phases every build has, and the native hand-over's where it is on."""
-    native = {"serialize", "native"} if _registry.native_enabled else set()
+    """The phases every first call has, and the native hand-over's where the build does it
+    (by default the second call does: ``native_hand_over``)."""
+    native = {"serialize", "native"} if handed_over_at_build() else set()
     return {"scope", "describe", "inspect", "first_execution", *native, *more}
 
 
@@ -51,7 +57,7 @@ def only_build(graph_id: int):
 
 
 def assert_sums(built):
-    assert built.build_seconds == pytest.approx(sum(s for p, s in built.phase_seconds.items() if p != "first_execution"))
+    assert built.build_seconds == pytest.approx(sum(s for p, s in built.phase_seconds.items() if p not in AFTER_BUILD_PHASES))
     assert all(s >= 0 for s in built.phase_seconds.values())
 
 
@@ -66,8 +72,16 @@ def test_a_static_build_records_cudnn_steps_the_library_share_and_the_first_exec
     after = tch.registry_stats()["phase_seconds"]
     for phase, seconds in built.phase_seconds.items():
         assert after[phase] - before.get(phase, 0.0) >= seconds * 0.999
-    run_linear(graph_id, 200)  # a later call is no first execution
-    assert only_build(graph_id).phase_seconds["first_execution"] == built.phase_seconds["first_execution"]
+    build_seconds, first_execution = built.build_seconds, built.phase_seconds["first_execution"]
+    run_linear(graph_id, 200)  # a later call is no first execution; the second hands the plan over
+    assert only_build(graph_id).phase_seconds["first_execution"] == first_execution
+    if _registry.native_enabled and not handed_over_at_build():
+        assert set(built.phase_seconds) == BUILT | library_phases("native_hand_over") and built.native, built.path_reason
+        assert built.build_seconds == build_seconds  # the hand-over is no part of the first call
+        handed = tch.registry_stats()["phase_seconds"]["native_hand_over"] - after.get("native_hand_over", 0.0)
+        assert handed >= built.phase_seconds["native_hand_over"] * 0.999 > 0
+    run_linear(graph_id, 200)  # natively: nothing more to record
+    assert set(built.phase_seconds) == BUILT | library_phases(*(["native_hand_over"] if built.native and not handed_over_at_build() else []))
 
 
 def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, monkeypatch):

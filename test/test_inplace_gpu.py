@@ -181,7 +181,7 @@ def test_in_place_accumulate_is_captured_into_a_cuda_graph():
 
 def test_execute_out_into_an_input_is_refused_pointing_at_execute_():
     acc, x = torch.randn(1, 64, 128, device="cuda"), torch.randn(1, 64, 128, device="cuda")
-    tch.execute_(ACCUMULATE, [acc.clone(), x])  # built (and native, where it can be): the refusal is not the first call's
+    tch.execute_(ACCUMULATE, [acc.clone(), x])  # built: the refusal is not the first call's
     before = acc.clone()
     with pytest.raises(ValueError, match=r"out\[0\] .* overlaps inputs\[0\].*execute_"):
         tch.execute_out(ACCUMULATE, [acc, x], out=[acc])

@@ -127,7 +127,7 @@ def test_a_warm_step_runs_no_python(module):
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     layer = RMSNorm(512, **bf16) if module == "rmsnorm" else FusedLinear(512, 768, module, **bf16)
     x = torch.randn(2, 96, 512, **bf16).requires_grad_()
-    for _ in range(2):  # the first step builds each graph (Python), and hands its plan to C++
+    for _ in range(2):  # the first step builds each graph (Python), the second hands its plan to C++
         layer(x).float().sum().backward()
     calls = []
     _recording_python_kernels(calls)

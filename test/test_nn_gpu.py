@@ -131,7 +131,7 @@ def test_the_gelu_graph_takes_natural_operands_and_its_pre_activation_is_not_dif
 
 @pytest.mark.parametrize("module", ["sdpa", "rmsnorm"])
 @requires_native_path
-def test_declared_backwards_reach_python_only_on_their_first_call(module):
+def test_declared_backwards_reach_python_only_on_their_first_two_calls(module):
     torch.manual_seed(0)
     if module == "sdpa":
         q, k, v = (torch.randn(1, 2, 96, 64, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(3))
@@ -148,7 +148,8 @@ def test_declared_backwards_reach_python_only_on_their_first_call(module):
             y = run()
             y.backward(torch.ones_like(y))
             counts.append(len(calls))
-    assert counts[0] <= 1 and counts[2] == counts[0], counts  # a build at most, then C++ only
+    # A build and a native hand-over at most, then C++ only.
+    assert counts[0] <= 1 and counts[1] <= 2 * counts[0] and counts[2] == counts[1], counts
     floats = [t.detach().float().requires_grad_() for t in leaves]
     reference(*floats).sum().backward()
     for got, want in zip(leaves, floats):

@@ -71,7 +71,7 @@ def test_a_single_backward_graph_differentiates_the_op():
 
 
 @requires_native_path
-def test_a_declared_backward_runs_natively_once_its_graph_is_built():
+def test_a_declared_backward_runs_natively_once_its_graph_is_built_and_handed_over():
     x = torch.randn(3, 40, 24, device="cuda", dtype=torch.float16).requires_grad_()
     side = torch.cuda.Stream()
     with python_backward_calls() as calls:
@@ -88,8 +88,10 @@ def test_a_declared_backward_runs_natively_once_its_graph_is_built():
         (y,) = tch.execute(RELU_DECLARED, [x])
         (y.float() * 5).sum().backward(create_graph=True)
         torch.testing.assert_close(x.grad.detach(), (x > 0).to(x.dtype) * 5)
-    assert first == [RELU_DECLARED]  # the first backward built the backward graph; the next three ran natively
-    assert calls == [RELU_DECLARED, RELU_DECLARED]
+    # The first backward built the backward graph, the second handed it to the native
+    # path (both through Python); the next two ran natively.
+    assert first == [RELU_DECLARED, RELU_DECLARED]
+    assert calls == [RELU_DECLARED] * 3
 
 
 def test_the_eager_entry_is_the_same_op():
@@ -373,7 +375,9 @@ def test_backend_plans_run_natively_and_match_the_python_path():
     inputs = linear_inputs(2, 64, 32, 16, seed=7)
     native_id = tch.register_graph(linear_relu, name="native_linear")
     python_id = tch.register_graph(linear_relu, name="python_path_linear")
-    (native,) = execute(inputs, graph=native_id)
+    (first_call,) = execute(inputs, graph=native_id)  # built, run on the Python path
+    assert [b.native_pending for b in tch.built_graphs(native_id)] == [True]
+    (native,) = execute(inputs, graph=native_id)  # handed over, run natively
     tch.set_native_path(False)
     try:
         (python_path,) = execute(inputs, graph=python_id)
@@ -384,6 +388,7 @@ def test_backend_plans_run_natively_and_match_the_python_path():
     assert tch.registry_stats()["native"] >= 1
     # One plan, two ways to launch it: bit for bit the same.
     torch.testing.assert_close(native, python_path, atol=0, rtol=0)
+    torch.testing.assert_close(native, first_call, atol=0, rtol=0)
     torch.testing.assert_close(native, linear_relu_reference(*inputs), **TOLERANCE)
     # The native kernel checks out= itself; a wrong one still gets the Python path's clear error.
     with pytest.raises(ValueError, match=r"out\[0\]"):

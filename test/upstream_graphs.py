@@ -1018,8 +1018,10 @@ def compare_region(entry: UpstreamGraph, outputs: List[torch.Tensor], inputs: Li
 
 
 def path_of(entry: UpstreamGraph) -> str:
-    """'native' or 'python path', and the engine, of the graph's first built layout."""
+    """'native', 'native pending' (its first call ran on the Python path, the next one hands
+    it over) or 'python path', and the engine, of the graph's first built layout."""
     built = tch.built_graphs(entry.graph_id)
     if not built:
         return "not built"
-    return f"{'native' if built[0].native else 'python path'} ({built[0].engine})"
+    path = "native" if built[0].native else "native pending" if built[0].native_pending else "python path"
+    return f"{path} ({built[0].engine})"

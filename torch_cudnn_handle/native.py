@@ -1,7 +1,8 @@
 """The native path: backend-served plans executed from C++, with no Python per call.
 
-When the registry builds a graph whose selected plan is served by the cuDNN backend
-(every plan on sm90), it hands the plan to the extension here; the CUDA kernel of
+When the registry has built a graph whose selected plan is served by the cuDNN backend
+(every plan on sm90), it hands the plan to the extension here, at the graph's second
+call (registry/cache.py; a layout used once never pays for it); the CUDA kernel of
 ``cudnn_fe.execute`` then runs it directly: dispatcher -> pooled handle -> stream ->
 context check -> ``cudnnBackendExecute``. Plans served by the frontend's Python
 engines (frost) keep the Python path. What the frontend adds to a backend plan's call

@@ -3,9 +3,10 @@
 * CUDA: the C++ kernel (csrc/op/cuda_kernels.cpp) runs a call a native plan serves with
   no Python at all, and sends every other call here (``_execute_cuda``) on the inputs'
   device, this thread's pooled handle and the right context: the registry builds the
-  graph on first use (and hands a backend plan to the native path, which then runs this
-  first call too); otherwise the frontend's ordered execute runs it, with outputs and
-  workspace from torch's caching allocator on the current stream. Nothing here
+  graph on first use, and hands a backend plan to the native path at its second call
+  (registry/cache.py), which then runs that call too; otherwise (the first call, and
+  graphs the native path cannot serve) the frontend's ordered execute runs it, with
+  outputs and workspace from torch's caching allocator on the current stream. Nothing here
   synchronizes or allocates outside torch, so a warm call is capturable.
 * Host scalars: a one-element CPU tensor input is a pass-by-value operand of the graph
   (registry/specs.py ``is_host_scalar``); the call's device is its CUDA tensors'. cuDNN
@@ -128,10 +129,12 @@ def _graph_label(graph_id: int) -> str:
         return f"id {graph_id}"
 
 
-def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor]):
+def _built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
+    """The graph built for these inputs; ``call``: the op runs it now (a pending native
+    hand-over happens first: registry/cache.py), else only its layout is wanted."""
     device = _inputs_device(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
-    return _registry.built_graph(graph_id, device, inputs, key_specs, torch.are_deterministic_algorithms_enabled())
+    return _registry.built_graph(graph_id, device, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call)
 
 
 def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -200,7 +203,7 @@ def _execute_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 def _run_built(graph: int, built, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    if built.native:  # built by this call: its first run on the plan every later call runs on
+    if built.native:  # handed over by this call (or built by it, hand_over="build"): the plan every later call runs on
         outputs = _C.run_native(graph, inputs)
         if outputs is not None:
             return outputs
@@ -254,7 +257,7 @@ def _execute_in_place_cuda(graph: int, inputs: List[torch.Tensor]) -> List[torch
 
 
 def _run_built_in_place(graph: int, built, inputs: List[torch.Tensor], writes) -> List[torch.Tensor]:
-    if built.native:  # built by this call: its first run on the plan every later call runs on
+    if built.native:  # handed over by this call (or built by it, hand_over="build"): the plan every later call runs on
         others = _C.run_native_in_place(graph, inputs)
         if others is not None:
             return others
@@ -474,7 +477,7 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     (describing the graph again would cost a new length a second description); fake
     or meta ones (a trace): the description's, cached per layout."""
     if all((t.is_cuda or is_host_scalar(t)) and not is_fake(t) for t in operands):
-        return _built_for_call(graph_id, operands).layout.output_positions  # a hit: execute() just built it
+        return _built_for_call(graph_id, operands, call=False).layout.output_positions  # a hit: execute() just built it
     specs = symbolic.hint_specs(operands)  # which builder output each is does not depend on sizes: no specialization
     key = (graph_id, specs)
     positions = _POSITIONS.get(key)

@@ -3,9 +3,10 @@
 // A call whose (graph id, device, input layouts) has a native plan runs entirely here:
 // outputs from torch's caching allocator on the current stream, then the plan
 // (native/native_plan.h). Any other call (first use of a layout, which builds the
-// graph; plans the frontend must drive per call; misaligned views) goes to the Python
-// registry path. Either way the call runs on this thread's pooled handle in the right
-// context, and leaves the caller's context (so its current device) as it found it.
+// graph; its second, which hands the plan to the native path; plans the frontend must
+// drive per call; misaligned views) goes to the Python registry path. Either way the
+// call runs on this thread's pooled handle in the right context, and leaves the
+// caller's context (so its current device) as it found it.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -185,7 +186,7 @@ std::optional<std::vector<at::Tensor>> run_native_backward(const GraphRecord& re
   if (!all_plain_cuda(operands)) return std::nullopt;
   check_not_forked();
   auto plan = native::NativePlanTable::instance().find(record.backward_graph, operands);
-  if (!plan) return std::nullopt;  // its first call, or a plan only the Python path runs
+  if (!plan) return std::nullopt;  // its first two calls (build, hand-over), or a plan only the Python path runs
   auto results = run_plan(*plan, operands);
   std::vector<at::Tensor> grad_inputs(num_inputs);
   const auto& positions = plan->output_positions();

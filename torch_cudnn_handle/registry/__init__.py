@@ -8,7 +8,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
   * ``operand_views.py``: natural operands (how the op's tensors map to what a builder describes);
   * ``description.py``: definitions, and the builder run on a graph description
     (layouts for the fake kernel);
-  * ``build.py``: one build for one device, the native hand-over, BuiltGraph;
+  * ``build.py``: one build for one device, the native hand-over (at the second call), BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
   * ``ragged.py``: packed [T, H, D] operands with ragged offsets, keyed without T;
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
@@ -29,7 +29,7 @@ import torch
 from .. import _C
 from . import description, kernel_caches
 from .build import BuiltGraph
-from .cache import GraphRegistry
+from .cache import GraphRegistry, hand_over_when
 from . import symbolic  # noqa: F401 -- registry.symbolic: the fake kernel (op.py) imports it from here
 from .data_types import GraphDataTypes
 from .kernel_caches import set_dynamic_shapes
@@ -242,16 +242,26 @@ def graph_name(graph_id: int) -> str:
 def registry_stats() -> dict:
     """Counters of the built-graph cache: hits, misses, builds (graphs built, not loaded),
     evictions, cached, capacity, and how many cached graphs run natively (from C++) or
-    on the Python path; ``routes``: graphs obtained per route ("static", "kernel_cache",
+    on the Python path, ``native_pending`` of those awaiting their native hand-over (at
+    their second call) and ``hand_overs`` done so far; ``routes``: graphs obtained per route ("static", "kernel_cache",
     "disk_cache"); ``plan_seconds``: the time spent obtaining them, and ``phase_seconds`` the
     same by phase (``BuiltGraph.phase_seconds`` summed; build_timing.py); the plan store's
     ``disk_hits``, ``disk_misses``, ``disk_writes``, ``disk_rejected``, ``disk_write_errors``."""
     return _registry.stats()
 
 
-def set_native_path(enabled: bool) -> None:
+def set_native_path(enabled: bool, *, hand_over: Optional[str] = None) -> None:
     """Whether graphs built from now on may run natively (from C++). Graphs already
-    built keep their path. Off by default on builds without CUDA."""
+    built keep their path (one pending its hand-over is handed over at its second call).
+    Off by default on builds without CUDA.
+
+    ``hand_over``: when a graph the native path may serve is handed to it (its plan
+    serialized, then deserialized by the extension): ``"second_call"`` (the default;
+    ``TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER``), so the first call runs on the Python path
+    and a layout used once never pays for it, or ``"build"``, so the first call runs
+    natively too. None: unchanged."""
+    if hand_over is not None:
+        _registry.native_hand_over = hand_over_when(hand_over)
     _registry.native_enabled = bool(enabled) and _C.with_cuda
 
 

@@ -14,9 +14,13 @@ inside ``build_scope(device)``, with that thread's pooled handle for the device:
     description predicted for the fake kernel (output_strides.py; a miss warns, with
     the fix: declare it); a plan loaded from the store writes what its build wrote,
     which the store checked against the description;
-  * a backend-served plan is handed to the native path (``native.backend_plan_of``,
-    ``_C.native_register``), deserialized here, in the build scope; if that fails for
-    any reason the graph stays on the Python path, which runs every plan, and
+  * a graph the native path may serve (native path on, no bool operand, a backend plan
+    rather than a frost engine) is marked ``native_pending``: this call, its first, runs
+    it on the Python path, and the registry hands it to the native path at its second
+    call (``hand_over``; cache.py), so a layout used once never pays the serialize and
+    the deserialize. With ``hand_over_at_build`` (``set_native_path(True,
+    hand_over="build")``) the build hands it over itself, as before. Either way, if the
+    hand-over fails the graph stays on the Python path, which runs every plan, and
     ``path_reason`` says why.
 
 A ``BuiltGraph`` belongs to its device: the device is part of the cache key, and a
@@ -41,9 +45,14 @@ from .operand_views import described_specs, natural_outputs
 from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(eq=False)
 class BuiltGraph:
-    """A graph built for one device and one set of input specs."""
+    """A graph built for one device and one set of input specs.
+
+    Fixed once built, but for the native hand-over's fields (``native``,
+    ``native_pending``, ``path_reason``, ``native_serial``), which the registry changes
+    once, under its lock, when it hands a pending graph over (cache.py), and
+    ``phase_seconds``, which gains ``first_execution`` and ``native_hand_over``."""
 
     graph: Any  # cudnn.pygraph, built
     device: int
@@ -55,6 +64,7 @@ class BuiltGraph:
     path_reason: str = ""  # why it runs where it runs
     engine: str = ""  # what serves it: a frost engine's name, or the backend plan's
     native_serial: int = 0  # the native plan's id in the extension (0: none)
+    native_pending: bool = False  # handed to the native path at its next call that reaches Python (its second)
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[plan_tuning.PlanChoice] = None  # what plan_tuning.build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
@@ -66,10 +76,24 @@ class BuiltGraph:
     # graph with OperandViews (None: the op's own). The Python path hands the frontend
     # those views (a Python engine may read a buffer's shape); the native path binds addresses only.
     graph_views: Optional[Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]] = None
+    # What a pending hand-over registers the native plan with, kept from the build: the
+    # definition and the plan store's blob when it read or wrote one (so the hand-over
+    # does not serialize again); dropped once handed over.
+    hand_over_from: Optional["_HandOverSource"] = dataclasses.field(default=None, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HandOverSource:
+    definition: _Definition
+    serialized: Optional[bytes]  # graph.serialize(as_bytes=True), from the plan store; None: serialize at the hand-over
+
+
+NATIVE_PENDING_REASON = "a backend plan, run from C++ from its second call on (its first ran on the Python path)"
 
 
 def _build(
-    definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False
+    definition: _Definition, device: int, specs: Tuple[TensorSpec, ...], native_enabled: bool, *, deterministic: bool = False,
+    hand_over_at_build: bool = False,
 ) -> BuiltGraph:
     clock = PhaseClock()
     with build_scope(device) as handle:
@@ -89,40 +113,69 @@ def _build(
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or engine_of(graph)
         clock.lap("inspect")
-        native, serial, reason = False, 0, "native path disabled"
-        if native_enabled and bool_operands.has_bool(specs, layout.outputs):
-            reason = bool_operands.NATIVE_REASON
-        elif native_enabled:
-            serialized = obtained.serialized
-            if serialized is None and getattr(graph, "selected_engine", None) is None:
-                serialized = serialized_plan(graph)  # None: backend_plan_of tries again and says why
-                clock.lap("serialize")
-            spec, reason = backend_plan_of(graph, uids, serialized)
-            if spec is not None:
-                try:  # deserialized here, inside the build scope, with this thread's handle for the device
-                    serial, _ = _C.native_register(
-                        definition.graph_id, device, layout_lists(specs), layout_lists(layout.outputs), list(uids),
-                        spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
-                        workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
-                        output_positions=list(layout.output_positions), deterministic=deterministic,
-                        cuda_graph=spec.cuda_graph, **_token_counts(definition, len(specs), layout),
-                    )
-                    native, reason = True, "backend plan, run from C++" + (
-                        " (launched as a CUDA graph when its addresses repeat)" if spec.cuda_graph else ""
-                    )
-                except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
-                    reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
-            clock.lap("native")
     graph_views = None
     if definition.views is not None:
         graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, specs))
         graph_views += tuple((tuple(t.dim), tuple(t.stride)) for t in outputs)
-    return BuiltGraph(
-        graph, device, specs, layout, uids, workspace, native, reason, engine, serial, plan=choice.plan, tuning=choice,
-        graph_views=graph_views,
-        deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
-        build_seconds=sum(clock.seconds.values()), phase_seconds=clock.seconds,
+    built = BuiltGraph(
+        graph, device, specs, layout, uids, workspace, False, "native path disabled", engine, plan=choice.plan, tuning=choice,
+        graph_views=graph_views, deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason,
+        phase_seconds=clock.seconds,
     )
+    if native_enabled and bool_operands.has_bool(specs, layout.outputs):
+        built.path_reason = bool_operands.NATIVE_REASON
+    elif native_enabled and getattr(graph, "selected_engine", None) is not None:
+        built.path_reason = backend_plan_of(graph, uids)[1]  # a frost engine's: said without serializing
+    elif native_enabled:
+        built.native_pending, built.path_reason = True, NATIVE_PENDING_REASON
+        built.hand_over_from = _HandOverSource(definition, obtained.serialized)
+        if hand_over_at_build:
+            publish(built, *hand_over(built, clock, at_build=True))
+    built.build_seconds = sum(clock.seconds.values())
+    return built
+
+
+def hand_over(built: BuiltGraph, clock: PhaseClock, *, at_build: bool = False) -> Tuple[bool, int, str]:
+    """Hand a ``native_pending`` graph to the native path: serialize it (unless the plan
+    store gave its blob), decode the backend plan and register it with the extension,
+    which deserializes it on this thread's pooled handle for the device. Returns
+    ``(native, serial, path_reason)`` for ``publish``; a failure means the Python path,
+    with the reason. The caller makes sure one thread does it per graph (cache.py);
+    ``clock`` gets ``serialize`` and ``native`` at the build, else all of it as
+    ``native_hand_over`` (no part of the first call)."""
+    source = built.hand_over_from
+    definition, specs, layout, uids = source.definition, built.inputs, built.layout, built.uids
+    serialized = source.serialized
+    with build_scope(built.device):
+        if serialized is None:
+            serialized = serialized_plan(built.graph)  # None: backend_plan_of tries again and says why
+            if at_build:
+                clock.lap("serialize")
+        spec, reason = backend_plan_of(built.graph, uids, serialized)
+        native, serial = False, 0
+        if spec is not None:
+            try:  # deserialized on this thread's pooled handle for the device (the extension picks it)
+                serial, _ = _C.native_register(
+                    definition.graph_id, built.device, layout_lists(specs), layout_lists(layout.outputs), list(uids),
+                    spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
+                    workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
+                    output_positions=list(layout.output_positions), deterministic=built.deterministic,
+                    cuda_graph=spec.cuda_graph, **_token_counts(definition, len(specs), layout),
+                )
+                native, reason = True, "backend plan, run from C++" + (
+                    " (launched as a CUDA graph when its addresses repeat)" if spec.cuda_graph else ""
+                ) + ("" if at_build else ", handed over at its second call")
+            except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
+                reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
+    clock.lap("native" if at_build else "native_hand_over")
+    return native, serial, reason
+
+
+def publish(built: BuiltGraph, native: bool, serial: int, reason: str) -> None:
+    """The hand-over's result on ``built`` (under the registry's lock once others can see it)."""
+    built.native_serial, built.path_reason = serial, reason
+    built.native_pending, built.hand_over_from = False, None
+    built.native = native  # last: a reader that sees it finds the serial and the plan registered
 
 
 def _token_counts(definition: _Definition, num_inputs: int, layout: GraphLayout) -> dict:

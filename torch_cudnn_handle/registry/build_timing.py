@@ -18,17 +18,21 @@ op for the first execution), with the phases in the order they run:
   * ``inspect``: the built graph read back (workspace size, engine name, the layout
     it writes);
   * ``serialize``: ``graph.serialize()``, once per graph (the store and the native
-    hand-over share it);
+    hand-over share it); only with the store on, or with the hand-over at the build;
   * ``store``: the plan store's write;
-  * ``native``: the serialized plan decoded and registered with the extension, which
-    deserializes it on the pooled handle (``_C.native_register``);
+  * ``native``: the native hand-over at the build (``set_native_path(True,
+    hand_over="build")``): the serialized plan decoded and registered with the
+    extension, which deserializes it on the pooled handle (``_C.native_register``);
   * ``first_execution``: host seconds of the graph's first launch (recorded by the op,
-    after the build; cuDNN loads a plan's kernels and may wait for the device there).
+    after the build; cuDNN loads a plan's kernels and may wait for the device there);
+  * ``native_hand_over``: the native hand-over at the graph's second call (the
+    default): serialize (unless the store gave the blob), decode, register. No part of
+    the first call; a graph used once never has it.
 
-``build_seconds`` is the sum of every phase but ``first_execution``: the time a call
-spent obtaining the graph. Of those, ``OBTAIN_PHASES`` are cuDNN's own work to get a
-plan (a build or a load), which the plan store exists to cut; the rest are the
-library's own share around it.
+``build_seconds`` is the sum of every phase but ``AFTER_BUILD_PHASES``: the time a
+call spent obtaining the graph. Of those, ``OBTAIN_PHASES`` are cuDNN's own work to
+get a plan (a build or a load), which the plan store exists to cut; the rest
+(``LIBRARY_PHASES``) are the library's own share around it.
 """
 
 from __future__ import annotations
@@ -36,14 +40,15 @@ from __future__ import annotations
 import time
 from typing import Dict
 
-__all__ = ["PHASES", "OBTAIN_PHASES", "LIBRARY_PHASES", "PhaseClock"]
+__all__ = ["PHASES", "OBTAIN_PHASES", "LIBRARY_PHASES", "AFTER_BUILD_PHASES", "PhaseClock"]
 
 PHASES = (
     "scope", "describe", "key", "load", "operation_graph", "heuristics", "support", "plan", "tune", "inspect", "serialize", "store",
-    "native", "first_execution",
+    "native", "first_execution", "native_hand_over",
 )
 OBTAIN_PHASES = ("load", "operation_graph", "heuristics", "support", "plan", "tune")
 LIBRARY_PHASES = ("scope", "describe", "key", "inspect", "serialize", "store", "native")
+AFTER_BUILD_PHASES = ("first_execution", "native_hand_over")  # recorded by later calls, not in build_seconds
 
 
 class PhaseClock:

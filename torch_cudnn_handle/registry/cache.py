@@ -10,6 +10,13 @@
     error. A failed build is not kept: the next call tries again.
   * No build while the device's current stream captures a CUDA graph: the call is
     refused, with the fix (warm up before capture).
+  * The native hand-over (build.py ``hand_over``) of a ``native_pending`` graph happens
+    at its second call: a call that finds the graph already built (a hit, not a wait
+    for its in-flight build) and reaches Python, because no native plan served it. One
+    thread claims it (``_handing_over``) and runs natively when done; a call meanwhile
+    runs on the Python path, as the first did. Never during a capture (the graph stays
+    pending: the captured call runs on the Python path). ``native_hand_over`` says when:
+    ``"second_call"`` (the default) or ``"build"`` (each build hands over).
   * Recency covers both paths. A native call never reaches Python, so eviction reads
     its last use from the extension (``_C.native_last_used``, same monotonic clock) and
     has the extension forget an evicted native plan.
@@ -34,7 +41,8 @@ import cudnn
 import torch
 
 from .. import _C
-from .build import BuiltGraph, _build
+from .build import BuiltGraph, _build, hand_over, publish
+from .build_timing import PhaseClock
 from .description import (
     _check_arity,
     _check_built_graph_inputs,
@@ -76,7 +84,9 @@ class GraphRegistry:
         # Backend plans run from C++ on CUDA builds; TORCH_CUDNN_HANDLE_NATIVE=0 (or
         # set_native_path(False)) keeps every later build on the Python path.
         self.native_enabled = _C.with_cuda and os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") != "0"
-        self.counters = dict(hits=0, misses=0, builds=0, evictions=0)
+        self.native_hand_over = hand_over_when(os.environ.get("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "second_call"))
+        self._handing_over: set = set()  # keys whose native hand-over a thread has claimed
+        self.counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0)
         self.routes: "collections.Counter[str]" = collections.Counter()  # builds per route (routes.py), cumulative
         self.plan_seconds = 0.0  # time spent obtaining built graphs (BuiltGraph.build_seconds), cumulative
         self.phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py), cumulative
@@ -249,18 +259,22 @@ class GraphRegistry:
         return layout
 
     def built_graph(
-        self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False
+        self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False,
+        *, call: bool = True,
     ) -> BuiltGraph:
         """The graph ``graph_id`` built for ``device`` and these inputs; built on first
         use. ``key_specs`` is ``tuple((t.shape, t.stride(), t.dtype) for t in inputs)``;
-        ``deterministic``: built among deterministic engines only (build.py)."""
+        ``deterministic``: built among deterministic engines only (build.py). ``call``:
+        the op is about to run it, so a pending graph built by an earlier call is handed
+        to the native path first (False: only its layout is wanted)."""
         key = (graph_id, device, key_specs, deterministic)
         with self._lock:
             built = self._built.get(key)
             if built is not None:
                 self._used_ns[key] = time.monotonic_ns()
                 self.counters["hits"] += 1
-                return built
+        if built is not None:
+            return self._reused(key, built) if call else built
         definition = self.definition(graph_id)
         if definition.built is not None:
             return _check_built_graph_inputs(definition, device, inputs)
@@ -271,21 +285,24 @@ class GraphRegistry:
             _check_arity(definition, len(specs))
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
-        return self._build_once(key, definition, device, specs)
+        return self._build_once(key, definition, device, specs, call)
 
-    def _build_once(self, key, definition: _Definition, device: int, specs) -> BuiltGraph:
+    def _build_once(self, key, definition: _Definition, device: int, specs, call: bool = True) -> BuiltGraph:
         _check_arity(definition, len(specs))
         with self._lock:
             built = self._built.get(key)
             if built is not None:
+                self._used_ns[key] = time.monotonic_ns()
                 self.counters["hits"] += 1
-                return built
-            self.counters["misses"] += 1
-            flight = self._in_flight.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._in_flight[key] = _InFlightBuild()
-        if not owner:
+            else:
+                self.counters["misses"] += 1
+                flight = self._in_flight.get(key)
+                owner = flight is None
+                if owner:
+                    flight = self._in_flight[key] = _InFlightBuild()
+        if built is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
+            return self._reused(key, built) if call else built
+        if not owner:  # a concurrent first call: its build's result, run as a first call
             flight.done.wait()
             if flight.error is not None:
                 raise flight.error
@@ -299,7 +316,9 @@ class GraphRegistry:
                 )
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
-            built = _build(definition, device, specs, self.native_enabled, deterministic=key[3])
+            built = _build(
+                definition, device, specs, self.native_enabled, deterministic=key[3], hand_over_at_build=self.native_hand_over == "build"
+            )
         except BaseException as error:
             flight.error = error
             with self._lock:
@@ -318,6 +337,49 @@ class GraphRegistry:
         flight.result = built
         flight.done.set()
         return built
+
+    def _reused(self, key, built: BuiltGraph) -> BuiltGraph:
+        """``built``, found built for a call: a pending one is handed to the native path
+        first, by the one thread that claims it (see the module docstring)."""
+        if not built.native_pending or _capturing(built.device) or not self.claim_hand_over(key, built):
+            return built  # nothing to hand over, or another thread does: this call runs on the Python path
+        clock = PhaseClock()
+        try:
+            result = hand_over(built, clock)
+        except BaseException:  # hand_over reports registration failures; anything else leaves it pending
+            with self._lock:
+                self._handing_over.discard(key)
+            raise
+        self.finish_hand_over(key, built, result, clock.seconds)
+        return built
+
+    def claim_hand_over(self, key, built: BuiltGraph) -> bool:
+        """Whether this thread hands the pending ``built`` (cached under ``key``) over: one
+        thread per graph, until ``finish_hand_over``."""
+        with self._lock:
+            if not built.native_pending or key in self._handing_over:
+                return False
+            self._handing_over.add(key)
+            return True
+
+    def finish_hand_over(self, key, built: BuiltGraph, result: Tuple[bool, int, str], seconds: Dict[str, float]) -> None:
+        """Publish a claimed hand-over's ``result`` (``(native, serial, path_reason)``) and
+        its ``seconds`` by phase. A graph evicted (or dropped) meanwhile stays on the
+        Python path, and its native plan is forgotten: nothing would forget it later."""
+        native, serial, reason = result
+        with self._lock:
+            self._handing_over.discard(key)
+            self.counters["hand_overs"] += 1
+            for phase, spent in seconds.items():
+                built.phase_seconds[phase] = built.phase_seconds.get(phase, 0.0) + spent
+            self.phase_seconds.update(seconds)
+            evicted = self._built.get(key) is not built
+            if evicted:
+                publish(built, False, 0, "evicted from the cache while it was handed to the native path; the Python path runs it")
+            else:
+                publish(built, native, serial, reason)
+        if evicted and native:
+            _C.native_forget(key[0], serial)
 
     def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
         """The op's first launch of ``built`` took ``seconds`` on the host: its
@@ -376,6 +438,7 @@ class GraphRegistry:
                 self.counters,
                 cached=len(self._built),
                 native=native,
+                native_pending=sum(1 for built in self._built.values() if built.native_pending),
                 python_path=len(self._built) - native,
                 engines=dict(collections.Counter(built.engine for built in self._built.values())),
                 capacity=self.capacity,
@@ -385,6 +448,19 @@ class GraphRegistry:
                 phase_seconds=dict(self.phase_seconds),
                 **plan_store.stats(),
             )
+
+
+HAND_OVER_WHEN = ("second_call", "build")
+
+
+def hand_over_when(when: str) -> str:
+    """``when`` checked: one of ``HAND_OVER_WHEN``."""
+    if when not in HAND_OVER_WHEN:
+        raise ValueError(
+            f"the native hand-over happens at the graph's 'second_call' (the default) or at its 'build', got {when!r}; "
+            "set TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER or set_native_path(True, hand_over=...) to one of them"
+        )
+    return when
 
 
 def _capturing(device: int) -> bool:
