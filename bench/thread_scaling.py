@@ -26,7 +26,9 @@ Every run's outputs are checked against ``torch.bmm`` of the same operands (fp16
 atol 5e-2 / rtol 1e-2); the graph rows are also checked bitwise against (d), the same
 plan executed by cudnnBackendExecute. Outputs are filled with NaN before each run, so a
 route that wrote nothing fails. ``--python-calls`` adds the same from Python threads
-(``torch.ops.cudnn_fe.execute`` against ``torch.bmm``; 0 skips it).
+(``torch.ops.cudnn_fe.execute`` and ``tch.execute`` against ``torch.bmm``, with
+``torch.ops.aten.bmm`` beside them: torch's own product through torch.ops' Python entry,
+what that entry costs under the GIL; 0 skips it).
 
 bench/csrc/thread_scaling.cpp is a bench-only extension built here on first use
 (tools/extension_build.py; needs ninja, the CUDA toolkit and a CUDA torch).
@@ -49,6 +51,8 @@ THREAD_COUNTS = (1, 4, 16, 64)
 SIZES = ((1, 16, 16, 16), (8, 256, 256, 256))
 OP, BMM = "cudnn_fe.execute", "torch.bmm"
 OP_GRAPH = "cudnn_fe.execute, graph-capable plan"
+EAGER_GRAPH = "tch.execute, graph-capable plan"  # Python threads only: the C++ eager entry
+ATEN_BMM = "torch.ops.aten.bmm"  # Python threads only: torch.bmm through torch.ops' Python entry
 SHARED, PER_THREAD, CAPABLE = ("cudnnBackendExecute, shared plan", "cudnnBackendExecute, plan per thread",
                                "cudnnBackendExecute, graph-capable plan")
 # mode in the C++. Mode 2 (the executable graph re-pointed per kernel node,
@@ -351,11 +355,13 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
     from bench_op import MATMUL
     from report import ThreadGang
 
+    import torch_cudnn_handle as tch
+
     rows = []
     for batch, m, k, n in SIZES:
         size, operands = size_and_operands(batch, m, k, n)
         graph_op = graph_capable_op()
-        last: Dict[str, list] = {OP: [None] * len(operands), OP_GRAPH: [None] * len(operands), BMM: [None] * len(operands)}
+        last: Dict[str, list] = {name: [None] * len(operands) for name in (OP, OP_GRAPH, EAGER_GRAPH, ATEN_BMM, BMM)}
 
         def op(i):
             last[OP][i] = torch.ops.cudnn_fe.execute(MATMUL, operands[i])[0]
@@ -363,13 +369,21 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
         def op_graph(i):
             last[OP_GRAPH][i] = torch.ops.cudnn_fe.execute(graph_op, operands[i])[0]
 
+        def eager_graph(i):
+            last[EAGER_GRAPH][i] = tch.execute(graph_op, operands[i])[0]
+
+        def aten_bmm(i):  # torch.bmm's product through torch.ops' Python entry: what that entry costs
+            last[ATEN_BMM][i] = torch.ops.aten.bmm.default(*operands[i])
+
         def bmm(i):
             last[BMM][i] = torch.bmm(*operands[i])
 
-        candidates = {OP: op, OP_GRAPH: op_graph, BMM: bmm}
+        candidates = {OP: op, OP_GRAPH: op_graph, EAGER_GRAPH: eager_graph, ATEN_BMM: aten_bmm, BMM: bmm}
+        names = list(candidates)
         print(f"\n### Python threads, {size}, {calls} calls per thread\n", flush=True)
-        print(f"| threads | {OP} calls/s | {OP_GRAPH} calls/s | {BMM} calls/s | op / bmm | graph-capable op / bmm |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| threads | " + " | ".join(f"{name} calls/s" for name in names) + " | " +
+              " | ".join(f"{name} / bmm" for name in names if name != BMM) + " |")
+        print("| ---: |" + " ---: |" * (2 * len(names) - 1))
         for threads in THREAD_COUNTS:
             gang = ThreadGang(threads)
             try:
@@ -385,8 +399,8 @@ def measure_python(calls: int, rounds: int) -> List[dict]:
             rate = {name: threads * calls / statistics.median(values) for name, values in seconds.items()}
             rows.append(dict(size=size, threads=threads, calls_per_thread=calls, rates=rate, op_over_bmm=rate[OP] / rate[BMM],
                              over_bmm={name: value / rate[BMM] for name, value in rate.items()}, python_threads=True))
-            print(f"| {threads} | {rate[OP]:,.0f} | {rate[OP_GRAPH]:,.0f} | {rate[BMM]:,.0f} | {rate[OP] / rate[BMM]:.2f}x "
-                  f"| {rate[OP_GRAPH] / rate[BMM]:.2f}x |", flush=True)
+            print(f"| {threads} | " + " | ".join(f"{rate[name]:,.0f}" for name in names) + " | " +
+                  " | ".join(f"{rate[name] / rate[BMM]:.2f}x" for name in names if name != BMM) + " |", flush=True)
     return rows
 
 
