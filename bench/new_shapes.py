@@ -25,7 +25,7 @@
 The library's graphs here are built with the plan store off (parts 1 and 2 measure
 builds); part 3 runs this file again as a subprocess per process.
 
-    python bench/new_shapes.py [--steady-calls 20] [--json out.json]
+    python bench/new_shapes.py [--steady-calls 20] [--hand-over build|second_call] [--json out.json]
 """
 
 from __future__ import annotations
@@ -217,10 +217,15 @@ def main() -> None:
     parser.add_argument("--steady-calls", type=int, default=20)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--skip-processes", action="store_true")
+    parser.add_argument("--hand-over", choices=("build", "second_call"), default="build",
+                        help="when the library hands a plan to its native path (tch.set_native_path's hand_over)")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 3's child: write its report here
     args = parser.parse_args()
     if args.block_process:
         return block_process(args.block_process)
+    import torch_cudnn_handle as tch
+
+    tch.set_native_path(True, hand_over=args.hand_over)
 
     from torch_cudnn_handle.registry import plan_store
 

@@ -89,9 +89,9 @@ def test_rmsnorm_with_a_host_scalar_epsilon_everywhere_on_one_native_build(epsil
     small, large = torch.full(epsilon_shape, 1e-5), torch.full(epsilon_shape, 4.0)
     (y_small,) = run_or_skip(RMSNORM, [x, scale, small])
     built = built_for(RMSNORM, [x, scale, small])
-    assert built.native_pending, built.path_reason  # the first call ran on the Python path
+    assert built.native or built.native_pending, built.path_reason  # natively, or from the second call (hand_over="second_call")
     builds = tch.registry_stats()["builds"]
-    (y_large,) = torch.ops.cudnn_fe.execute(RMSNORM, [x, scale, large])  # the second: handed over, run natively
+    (y_large,) = torch.ops.cudnn_fe.execute(RMSNORM, [x, scale, large])  # natively
     assert built.native, built.path_reason
     assert tch.registry_stats()["builds"] == builds  # the value is bound per call, never a build
     torch.testing.assert_close(y_small, rmsnorm_reference(x, scale, 1e-5), atol=2e-2, rtol=2e-2)

@@ -43,7 +43,7 @@ def matmul():
     a = torch.randn(4, 64, 32, device="cuda", dtype=torch.float16)
     b = torch.randn(4, 32, 48, device="cuda", dtype=torch.float16)
     try:
-        for _ in range(2):  # built (the Python path runs it), then handed to the native path
+        for _ in range(2):  # built; handed to the native path at the build or (hand_over="second_call") here
             tch.execute(graph, [a, b])
     except cudnn.cudnnGraphNotSupportedError as error:
         pytest.skip(f"no engine with SUPPORTS_CUDA_GRAPH_NATIVE_API for this matmul here: {error}")
@@ -80,9 +80,9 @@ def test_a_call_at_repeated_addresses_is_launched_as_a_graph_bitwise_equal_to_ex
         assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), f"call {call}"
     after = counts()
     # Call 0 executes (addresses seen once), call 1 populates and launches, 2 and 3 launch;
-    # call 0 already populates when `out` got the block of the fixture's first output.
-    assert after["populated"] - before["populated"] == 1, (before, after)
-    assert after["launched"] - before["launched"] in (3, 4), (before, after)
+    # call 0 already launches when `out` got the block of an earlier output (the fixture's).
+    assert after["populated"] - before["populated"] <= 1, (before, after)
+    assert after["launched"] - before["launched"] >= 3, (before, after)
     assert after["failed"] == before["failed"]
     torch.testing.assert_close(out, torch.bmm(a, b), atol=5e-2, rtol=1e-2)
 

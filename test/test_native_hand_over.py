@@ -78,7 +78,7 @@ def test_a_graph_evicted_while_handed_over_stays_on_the_python_path():
 
 def test_when_to_hand_over_is_one_of_two_and_a_typo_says_so():
     assert hand_over_when("second_call") == "second_call" and hand_over_when("build") == "build"
-    with pytest.raises(ValueError, match="'second_call'.*'build', got 'first_call'.*TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER"):
+    with pytest.raises(ValueError, match="'build'.*'second_call', got 'first_call'.*TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER"):
         hand_over_when("first_call")
     saved = (_registry.native_enabled, _registry.native_hand_over)
     try:
@@ -93,11 +93,11 @@ def test_when_to_hand_over_is_one_of_two_and_a_typo_says_so():
         _registry.native_enabled, _registry.native_hand_over = saved
 
 
-def test_the_default_is_the_second_call_and_the_environment_may_say_build(monkeypatch):
+def test_the_default_is_the_build_and_the_environment_may_say_second_call(monkeypatch):
     monkeypatch.delenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", raising=False)
-    assert GraphRegistry().native_hand_over == "second_call"
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "build")
     assert GraphRegistry().native_hand_over == "build"
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "second_call")
+    assert GraphRegistry().native_hand_over == "second_call"
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "1")
     with pytest.raises(ValueError, match="got '1'"):
         GraphRegistry()

@@ -256,11 +256,11 @@ def test_exit_with_calls_in_flight_is_no_worse_than_torch():
 # no host synchronization
 
 
-# A graph's second call hands its plan to the native path: the extension deserializes a
-# second execution plan, whose first execution is cuDNN's first use of it.
-FIRST_USES = ("handle (cudnnCreate)", "build", "first launch (Python path)", "first call (Python path)",
-              "second call (native hand-over)", "first call (Python path only)", "forward + backward (first)",
-              "forward + backward (second: native hand-over)")
+# With the hand-over at the build (the default) a graph's first call runs on the plan
+# every later call runs on, so only first calls are first uses. (hand_over="second_call"
+# deserializes a second plan at the second call, which then may wait too: README.)
+FIRST_USES = ("handle (cudnnCreate)", "build + native registration", "first launch (native)", "first call (native)",
+              "first call (Python path)", "forward + backward (first)")
 
 
 @pytest.mark.parametrize("detail", [False, True], ids=["calls", "first-call-parts"])
@@ -280,5 +280,8 @@ def test_no_call_blocks_the_host(detail):
     later = blocked - set(FIRST_USES) - {"torch's first cuDNN convolution"}
     assert not later, f"these calls returned only after their stream drained: {sorted(later)}; all: {steps}"
     if blocked & set(FIRST_USES):
-        assert "torch's first cuDNN convolution" in blocked, f"first uses blocked where torch's own first cuDNN call did not: {steps}"
+        # Waited: drained its stream, or returned only after most of the ~2 s sleep (the
+        # GPU is shared with other test files, so the sleep may outlast a wait that ended).
+        ms, busy = steps["torch's first cuDNN convolution"]
+        assert not busy or ms > 1500, f"first uses blocked where torch's own first cuDNN call did not: {steps}"
     assert report["results_match"]

@@ -3,9 +3,10 @@
 * CUDA: the C++ kernel (csrc/op/cuda_kernels.cpp) runs a call a native plan serves with
   no Python at all, and sends every other call here (``_execute_cuda``) on the inputs'
   device, this thread's pooled handle and the right context: the registry builds the
-  graph on first use, and hands a backend plan to the native path at its second call
-  (registry/cache.py), which then runs that call too; otherwise (the first call, and
-  graphs the native path cannot serve) the frontend's ordered execute runs it, with
+  graph on first use and hands a backend plan to the native path (at the build, or at
+  the graph's second call with ``hand_over="second_call"``; registry/cache.py), which
+  then runs that call too; otherwise (graphs the native path cannot serve, and a first
+  call under ``second_call``) the frontend's ordered execute runs it, with
   outputs and workspace from torch's caching allocator on the current stream. Nothing here
   synchronizes or allocates outside torch, so a warm call is capturable.
 * Host scalars: a one-element CPU tensor input is a pass-by-value operand of the graph

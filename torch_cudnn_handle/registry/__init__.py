@@ -8,7 +8,7 @@ definition; the registry turns a definition and a call's inputs into a built gra
   * ``operand_views.py``: natural operands (how the op's tensors map to what a builder describes);
   * ``description.py``: definitions, and the builder run on a graph description
     (layouts for the fake kernel);
-  * ``build.py``: one build for one device, the native hand-over (at the second call), BuiltGraph;
+  * ``build.py``: one build for one device, the native hand-over (at the build or the second call), BuiltGraph;
   * ``cache.py``: GraphRegistry (ids, the LRU, in-flight builds, eviction);
   * ``ragged.py``: packed [T, H, D] operands with ragged offsets, keyed without T;
   * ``routes.py``: how a build is obtained: from the plan store (``plan_store.py``,
@@ -256,10 +256,12 @@ def set_native_path(enabled: bool, *, hand_over: Optional[str] = None) -> None:
     Off by default on builds without CUDA.
 
     ``hand_over``: when a graph the native path may serve is handed to it (its plan
-    serialized, then deserialized by the extension): ``"second_call"`` (the default;
-    ``TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER``), so the first call runs on the Python path
-    and a layout used once never pays for it, or ``"build"``, so the first call runs
-    natively too. None: unchanged."""
+    serialized, then deserialized by the extension): ``"build"`` (the default;
+    ``TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER``), so the first call already runs on the plan
+    every later call runs on and only it may wait for the device (cuDNN waits on a plan's
+    first execution), or ``"second_call"``, so the first call runs on the Python path and
+    a layout used once never pays the hand-over (about 5-7 ms for an SDPA forward and
+    backward), at the price of a second such wait at the second call. None: unchanged."""
     if hand_over is not None:
         _registry.native_hand_over = hand_over_when(hand_over)
     _registry.native_enabled = bool(enabled) and _C.with_cuda

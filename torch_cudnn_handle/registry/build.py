@@ -15,11 +15,12 @@ inside ``build_scope(device)``, with that thread's pooled handle for the device:
     the fix: declare it); a plan loaded from the store writes what its build wrote,
     which the store checked against the description;
   * a graph the native path may serve (native path on, no bool operand, a backend plan
-    rather than a frost engine) is marked ``native_pending``: this call, its first, runs
-    it on the Python path, and the registry hands it to the native path at its second
-    call (``hand_over``; cache.py), so a layout used once never pays the serialize and
-    the deserialize. With ``hand_over_at_build`` (``set_native_path(True,
-    hand_over="build")``) the build hands it over itself, as before. Either way, if the
+    rather than a frost engine) is handed to it by the build (``hand_over_at_build``, the
+    default), so its first call already runs on the plan every later call runs on; with
+    ``set_native_path(True, hand_over="second_call")`` it is marked ``native_pending``
+    instead: this call, its first, runs it on the Python path, and the registry hands it
+    over at its second call (``hand_over``; cache.py), so a layout used once never pays
+    the serialize and the deserialize. Either way, if the
     hand-over fails the graph stays on the Python path, which runs every plan, and
     ``path_reason`` says why.
 

@@ -20,13 +20,12 @@ op for the first execution), with the phases in the order they run:
   * ``serialize``: ``graph.serialize()``, once per graph (the store and the native
     hand-over share it); only with the store on, or with the hand-over at the build;
   * ``store``: the plan store's write;
-  * ``native``: the native hand-over at the build (``set_native_path(True,
-    hand_over="build")``): the serialized plan decoded and registered with the
+  * ``native``: the native hand-over at the build (the default): the serialized plan decoded and registered with the
     extension, which deserializes it on the pooled handle (``_C.native_register``);
   * ``first_execution``: host seconds of the graph's first launch (recorded by the op,
     after the build; cuDNN loads a plan's kernels and may wait for the device there);
-  * ``native_hand_over``: the native hand-over at the graph's second call (the
-    default): serialize (unless the store gave the blob), decode, register. No part of
+  * ``native_hand_over``: the native hand-over at the graph's second call (with
+    ``hand_over="second_call"``): serialize (unless the store gave the blob), decode, register. No part of
     the first call; a graph used once never has it.
 
 ``build_seconds`` is the sum of every phase but ``AFTER_BUILD_PHASES``: the time a

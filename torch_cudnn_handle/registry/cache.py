@@ -10,13 +10,14 @@
     error. A failed build is not kept: the next call tries again.
   * No build while the device's current stream captures a CUDA graph: the call is
     refused, with the fix (warm up before capture).
-  * The native hand-over (build.py ``hand_over``) of a ``native_pending`` graph happens
-    at its second call: a call that finds the graph already built (a hit, not a wait
+  * The native hand-over (build.py ``hand_over``) happens at the build (the default), or,
+    with ``native_hand_over == "second_call"``, for a ``native_pending`` graph at its
+    second call: a call that finds the graph already built (a hit, not a wait
     for its in-flight build) and reaches Python, because no native plan served it. One
     thread claims it (``_handing_over``) and runs natively when done; a call meanwhile
     runs on the Python path, as the first did. Never during a capture (the graph stays
     pending: the captured call runs on the Python path). ``native_hand_over`` says when:
-    ``"second_call"`` (the default) or ``"build"`` (each build hands over).
+    ``"build"`` (the default: each build hands over) or ``"second_call"``.
   * Recency covers both paths. A native call never reaches Python, so eviction reads
     its last use from the extension (``_C.native_last_used``, same monotonic clock) and
     has the extension forget an evicted native plan.
@@ -84,7 +85,7 @@ class GraphRegistry:
         # Backend plans run from C++ on CUDA builds; TORCH_CUDNN_HANDLE_NATIVE=0 (or
         # set_native_path(False)) keeps every later build on the Python path.
         self.native_enabled = _C.with_cuda and os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") != "0"
-        self.native_hand_over = hand_over_when(os.environ.get("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "second_call"))
+        self.native_hand_over = hand_over_when(os.environ.get("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "build"))
         self._handing_over: set = set()  # keys whose native hand-over a thread has claimed
         self.counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0)
         self.routes: "collections.Counter[str]" = collections.Counter()  # builds per route (routes.py), cumulative
@@ -457,7 +458,7 @@ def hand_over_when(when: str) -> str:
     """``when`` checked: one of ``HAND_OVER_WHEN``."""
     if when not in HAND_OVER_WHEN:
         raise ValueError(
-            f"the native hand-over happens at the graph's 'second_call' (the default) or at its 'build', got {when!r}; "
+            f"the native hand-over happens at the graph's 'build' (the default) or at its 'second_call', got {when!r}; "
             "set TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER or set_native_path(True, hand_over=...) to one of them"
         )
     return when
