@@ -33,6 +33,11 @@ differ by up to 60%):
 section in one command); the report says when each section was measured, and every
 ratio still compares candidates measured side by side in one process.
 
+Figures other scripts measured (``thread_scaling.py --python-calls``, ``new_shapes.py``)
+are entered by hand into ``report.json``'s ``measured_elsewhere`` (a title and Markdown
+lines, each with its command) and its ``notes`` (the goals not met); both are rendered
+after the measured sections and kept by ``--update``.
+
 ``--from-json report.json`` renders REPORT.md and report.png again from saved
 figures, measuring nothing (no GPU needed; reports of earlier versions render too).
 Nothing here asserts a time.
@@ -520,6 +525,8 @@ def write_markdown(data: dict, path: str) -> None:
                          ("autograd_memory", _markdown_autograd_memory)):
         if data.get(key):
             lines += section(data)
+    for extra in data.get("measured_elsewhere", []):  # figures of other scripts, each with its command
+        lines += ["", f"## {extra['title']}", "", *extra["lines"]]
     if data.get("notes"):
         lines += ["", "## Goals not met: the measured reasons", "", *[f"- {note}" for note in data["notes"]]]
     if data.get("errors"):
