@@ -14,14 +14,13 @@ csrc/native/plan_graphs.h), on a GPU, with real plans:
 
 from __future__ import annotations
 
-import threading
 
 import cudnn
 import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
+from conftest import requires_cuda, run_concurrently
 from torch_cudnn_handle.registry import TensorSpec
 
 pytestmark = requires_cuda
@@ -135,27 +134,18 @@ def test_threads_launch_their_own_graphs_and_get_their_own_products(matmul):
     operands = [(torch.randn(4, 64, 32, device="cuda", dtype=torch.float16), torch.randn(4, 32, 48, device="cuda", dtype=torch.float16))
                 for _ in range(8)]
     expected = [frontend_output(built, a, b) for a, b in operands]
-    results, errors = [None] * 8, []
     before = counts()
 
     def work(i):
-        try:
-            stream = torch.cuda.Stream()
-            out = torch.empty(4, 64, 48, device="cuda", dtype=torch.float16)
-            with torch.cuda.stream(stream):
-                for _ in range(20):
-                    torch.ops.cudnn_fe.execute.out(graph, list(operands[i]), out=[out])
-            stream.synchronize()
-            results[i] = out
-        except Exception as error:  # noqa: BLE001 -- reported below
-            errors.append(error)
+        stream = torch.cuda.Stream()
+        out = torch.empty(4, 64, 48, device="cuda", dtype=torch.float16)
+        with torch.cuda.stream(stream):
+            for _ in range(20):
+                torch.ops.cudnn_fe.execute.out(graph, list(operands[i]), out=[out])
+        stream.synchronize()
+        return out
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_concurrently(work, 8)
     for i in range(8):
         assert torch.equal(results[i].view(torch.int16), expected[i].view(torch.int16)), f"thread {i}"
     after = counts()

@@ -4,11 +4,10 @@ seconds are published once, and a graph evicted meanwhile stays on the Python pa
 hand-over itself (serialize, register, the call running natively) is
 test_native_hand_over_gpu.py's."""
 
-import threading
-
 import pytest
 
 import torch_cudnn_handle as tch
+from conftest import run_concurrently
 from torch_cudnn_handle.registry import _registry
 from torch_cudnn_handle.registry.build import NATIVE_PENDING_REASON, BuiltGraph
 from torch_cudnn_handle.registry.cache import GraphRegistry, hand_over_when
@@ -33,18 +32,7 @@ def cached(registry: GraphRegistry, built: BuiltGraph) -> BuiltGraph:
 def test_eight_threads_claiming_at_once_hand_over_once():
     registry = GraphRegistry()
     built = cached(registry, pending_graph())
-    barrier = threading.Barrier(8)
-    claims = []
-
-    def claim():
-        barrier.wait()
-        claims.append(registry.claim_hand_over(KEY, built))
-
-    threads = [threading.Thread(target=claim) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    claims = run_concurrently(lambda _: registry.claim_hand_over(KEY, built), 8)
     assert sorted(claims) == [False] * 7 + [True]
     assert built.native_pending  # claimed, not yet handed over: calls meanwhile run on the Python path
     registry.finish_hand_over(KEY, built, (False, 0, "not serializable (RuntimeError: why)"), {"native_hand_over": 0.004})

@@ -5,13 +5,12 @@ natively, and every call's results are bit for bit the same. A backward graph fo
 the same rule; ``hand_over="build"`` keeps the old one. The rule's locking without a GPU
 is test_native_hand_over.py's."""
 
-import threading
 
 import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import python_backward_calls, requires_cuda, requires_native_path
+from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently
 from graphs import linear_inputs, linear_relu, linear_relu_reference, relu, relu_grad
 from torch_cudnn_handle import _C
 from torch_cudnn_handle.registry import _registry
@@ -67,23 +66,13 @@ def test_eight_threads_making_the_second_call_at_once_hand_over_once(second_call
     torch.cuda.synchronize()
     before = tch.registry_stats()
     plans = _C.native_plan_count()
-    barrier = threading.Barrier(8)
-    results, errors = [None] * 8, []
 
-    def second_call(i):
-        try:
-            barrier.wait()
-            results[i] = tch.execute(gid, inputs)[0]
-            torch.cuda.current_stream().synchronize()
-        except BaseException as error:  # noqa: BLE001 -- re-raised below
-            errors.append(error)
+    def second_call(_):
+        (result,) = tch.execute(gid, inputs)
+        torch.cuda.current_stream().synchronize()
+        return result
 
-    threads = [threading.Thread(target=second_call, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    results = run_concurrently(second_call, 8)
     after = tch.registry_stats()
     assert after["hand_overs"] - before["hand_overs"] == 1, (before, after)
     assert _C.native_plan_count() == plans + 1  # one native plan, however many threads
