@@ -100,6 +100,15 @@ def run_concurrently(fn, count: int) -> list:
     return results
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """torch._dynamo reset before and after the test: no frame compiled by another test
+    counts or is reused (a module takes it with ``pytest.mark.usefixtures``)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def run_in_thread(fn):
     """``fn()`` on a new thread (a cold one: no handle, no CUDA context yet); its
     exception, if any, is re-raised here."""

@@ -9,14 +9,9 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm, TransformerBlock, sdpa
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 DTYPE = torch.bfloat16
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def compile_over(fn, shapes, backward=True):

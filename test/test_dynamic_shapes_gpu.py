@@ -12,15 +12,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from conftest import requires_cuda
 from torch_cudnn_handle.nn import TransformerBlock, sdpa
 
-pytestmark = requires_cuda
+pytestmark = [requires_cuda, pytest.mark.usefixtures("fresh_dynamo")]
 DTYPE = torch.bfloat16
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def eager_and_compiled(fn, inputs_of, lengths):

@@ -22,14 +22,9 @@ from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
 from torch_cudnn_handle.registry.output_strides import dense_strides, stride_order_of
 from torch_cudnn_handle.registry.specs import _TORCH_DTYPES, cudnn_data_type_of
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def spec(shape, dtype, *, stride=None, host=False):

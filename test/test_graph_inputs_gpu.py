@@ -18,14 +18,7 @@ from graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc
 from torch_cudnn_handle.registry import TensorSpec, _registry
 from torch_cudnn_handle.registry.build import _differs_in_memory
 
-pytestmark = requires_cuda
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = [requires_cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def built_for(graph_id, inputs):
