@@ -118,27 +118,17 @@ def test_one_build_serves_every_token_count_eager_and_native(own_o):
         assert after["hand_overs"] - before["hand_overs"] == handed, (before, after)
 
 
-def test_compiled_matches_eager_for_every_token_count():
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic_dynamic", "dynamic"])
+def test_compiled_matches_eager_for_every_token_count(dynamic):
     graph = rg.register()[0]
     torch._dynamo.reset()
-    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x)), fullgraph=True)
+    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x)), fullgraph=True, dynamic=dynamic)
     for seed, (lens_q, lens_kv) in enumerate(LENS):
         inputs = _poisoned_inputs(lens_q, lens_kv, seed=seed)
-        # The second token count recompiles with T symbolic (automatic dynamic), K's and V's
+        # Automatic dynamic: the second token count recompiles with T symbolic, K's and V's
         # T two symbols that the fake kernel ties (they share offsets).
         (got,) = compiled(*inputs)
-        _check(f"compiled {lens_q}/{lens_kv}", got, _frontend(False, inputs), inputs, lens_q, lens_kv)
-    assert len(tch.built_graphs(graph)) == 1
-
-
-def test_compiled_dynamic_matches_eager():
-    graph = rg.register()[0]
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x)), fullgraph=True, dynamic=True)
-    for seed, (lens_q, lens_kv) in enumerate(LENS):
-        inputs = _poisoned_inputs(lens_q, lens_kv, seed=seed)
-        (got,) = compiled(*inputs)
-        _check(f"compiled dynamic {lens_q}/{lens_kv}", got, _frontend(False, inputs), inputs, lens_q, lens_kv)
+        _check(f"compiled (dynamic={dynamic}) {lens_q}/{lens_kv}", got, _frontend(False, inputs), inputs, lens_q, lens_kv)
     assert len(tch.built_graphs(graph)) == 1
 
 
