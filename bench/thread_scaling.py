@@ -39,6 +39,7 @@ bench/csrc/thread_scaling.cpp is a bench-only extension built here on first use
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -71,23 +72,19 @@ def build():
     return load_cuda_bench("thread_scaling", ["bench/csrc/thread_scaling.cpp", "csrc/backend/cudnn_library.cpp", "csrc/backend/descriptors.cpp"])
 
 
-_GRAPH_CAPABLE_OP = []
-
-
+@functools.cache
 def graph_capable_op() -> int:
     """The bench matmul, registered with a builder that keeps only engines cuDNN can
     populate into a CUDA graph (as a frontend user filters plans by behavior note)."""
-    if not _GRAPH_CAPABLE_OP:
-        import cudnn
+    import cudnn
 
-        import torch_cudnn_handle as tch
+    import torch_cudnn_handle as tch
 
-        def matmul(graph, a, b):
-            graph.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
-            return graph.matmul(a, b, name="mm")
+    def matmul(graph, a, b):
+        graph.select_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
+        return graph.matmul(a, b, name="mm")
 
-        _GRAPH_CAPABLE_OP.append(tch.register_graph(matmul, name="bench_matmul_graph_capable"))
-    return _GRAPH_CAPABLE_OP[0]
+    return tch.register_graph(matmul, name="bench_matmul_graph_capable")
 
 
 def calls_at(calls: int, threads: int) -> int:

@@ -37,6 +37,8 @@ from typing import Any, Optional, Tuple
 
 import cudnn
 
+from . import _C
+
 __all__ = ["decode_ubjson", "backend_plan_of", "NativePlanSpec", "set_native_cuda_graphs", "native_cuda_graph_stats"]
 
 _FIXED = {
@@ -269,8 +271,6 @@ def set_native_cuda_graphs(enabled: bool) -> bool:
     ``TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS=0`` turns it off at start. Results are the
     same either way (the plan's kernels on the same addresses). Returns the previous
     setting; without CUDA there is no native path, and it stays False."""
-    from . import _C
-
     return bool(_C.set_native_cuda_graphs(bool(enabled))) if _C.with_cuda else False
 
 
@@ -278,8 +278,6 @@ def native_cuda_graph_stats() -> dict:
     """The native path's CUDA graphs, every pooled handle together: ``populated``,
     ``launched``, ``failed`` (populations cuDNN or CUDA refused; those calls executed),
     ``kept`` (alive now), and ``enabled``."""
-    from . import _C
-
     if not _C.with_cuda:
         return dict(populated=0, launched=0, failed=0, kept=0, enabled=False)
     return dict(_C.native_cuda_graph_counts(), enabled=bool(_C.native_cuda_graphs_enabled()))
