@@ -109,6 +109,19 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+def frontend_outputs_of(built, inputs) -> list:
+    """The frontend's own execute of ``built`` (a BuiltGraph) on ``inputs``, on the pooled
+    handle, into fresh outputs of the layouts the build writes; synchronized."""
+    import torch_cudnn_handle as tch
+
+    device = torch.device("cuda", built.device)
+    outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
+    workspace = torch.empty(max(built.workspace_size, 1), dtype=torch.uint8, device=device)
+    built.graph.execute([*inputs, *outputs], workspace, handle=tch.current_handle(device), tensor_uids=built.uids)
+    torch.cuda.synchronize(device)
+    return outputs
+
+
 def run_in_thread(fn):
     """``fn()`` on a new thread (a cold one: no handle, no CUDA context yet); its
     exception, if any, is re-raised here."""

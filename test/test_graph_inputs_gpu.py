@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
+from conftest import frontend_outputs_of, requires_cuda
 from graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc_strides
 from torch_cudnn_handle.registry import TensorSpec, _registry
 from torch_cudnn_handle.registry.build import _differs_in_memory
@@ -29,13 +29,7 @@ def built_for(graph_id, inputs):
 
 def frontend_outputs(graph_id, inputs):
     """The frontend's own execution of the graph the op built for these inputs."""
-    built = built_for(graph_id, inputs)
-    device = torch.device("cuda", built.device)
-    outputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in built.layout.outputs]
-    workspace = torch.empty(max(built.workspace_size, 1), dtype=torch.uint8, device=device)
-    built.graph.execute([*inputs, *outputs], workspace, handle=tch.current_handle(device), tensor_uids=built.uids)
-    torch.cuda.synchronize(device)
-    return outputs
+    return frontend_outputs_of(built_for(graph_id, inputs), inputs)
 
 
 def assert_bitwise_equal(got, expected):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, run_concurrently
+from conftest import frontend_outputs_of, requires_cuda, run_concurrently
 from torch_cudnn_handle.registry import TensorSpec
 
 pytestmark = requires_cuda
@@ -55,11 +55,7 @@ def matmul():
 
 
 def frontend_output(built, a, b):
-    out = torch.empty_strided(built.layout.outputs[0].shape, built.layout.outputs[0].stride, dtype=a.dtype, device=a.device)
-    workspace = torch.empty(max(built.workspace_size, 1), dtype=torch.uint8, device=a.device)
-    built.graph.execute([a, b, out], workspace, handle=tch.current_handle(a.device), tensor_uids=built.uids)
-    torch.cuda.synchronize()
-    return out
+    return frontend_outputs_of(built, [a, b])[0]
 
 
 def counts():
