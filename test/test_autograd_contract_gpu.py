@@ -130,6 +130,7 @@ def test_no_path_creates_a_frontend_handle_outside_the_pool(monkeypatch):
         return original()
 
     monkeypatch.setattr(cudnn, "create_handle", counting)
+    compiling = threading.Lock()
 
     def work(i):
         gid = tch.register_graph(lambda g, x: g.relu(x), name=f"fresh_relu_{i}",
@@ -139,7 +140,8 @@ def test_no_path_creates_a_frontend_handle_outside_the_pool(monkeypatch):
         (y,) = tch.execute(gid, [x])
         y.float().sum().backward()
         compiled = torch.compile(lambda t: tch.execute(gid, [t])[0], backend="aot_eager", fullgraph=True)
-        compiled(x.detach()).sum()
+        with compiling:  # dynamo traces one frame at a time (it is not thread-safe); the op still runs on this thread
+            compiled(x.detach()).sum()
         norm = RMSNorm(16 + 8 * i, device="cuda", dtype=torch.bfloat16)
         norm(torch.randn(4, 16 + 8 * i, device="cuda", dtype=torch.bfloat16, requires_grad=True)).sum().backward()
         torch.cuda.synchronize()

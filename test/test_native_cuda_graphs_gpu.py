@@ -1,14 +1,19 @@
 """The native path's CUDA graph launch (Note [Native CUDA graph launch],
-csrc/native/plan_graphs.h), on a GPU, with real plans:
+csrc/native/plan_graphs.h), on a GPU, with real plans, by both routes that make a graph:
+a matmul whose builder keeps only engines cuDNN can populate into a CUDA graph, and one
+whose builder keeps only engines without that note (its graphs are captured from an
+execute):
 
-* a matmul whose builder keeps only engines cuDNN can populate into a CUDA graph: the
-  first call at new addresses executes, the second populates a graph and launches it,
+* the first call at new addresses executes, the second makes a graph and launches it,
   later ones launch it; every output bitwise equal to the frontend's own execute of the
   same plan and to the op with graph launch switched off; new values at the same
   addresses are read by the launched graph (nothing is baked in but addresses);
 * the functional op in a loop (torch's caching allocator hands the output back at the
   same address) launches graphs; threads each launch their own; a CUDA-graph capture
   records an execute, never a launch, and replays right;
+* graphs of different plans launched in turn on one handle each read only their own
+  operands; RMSNorm's training step (no engine with the note) is launched, bitwise
+  equal to executing it;
 * the registry forgetting a plan destroys its graphs; switched off, nothing is launched.
 """
 
@@ -31,26 +36,40 @@ def graph_capable_matmul(graph, a, b):
     return graph.matmul(a, b, name="mm")
 
 
+def captured_matmul(graph, a, b):
+    graph.deselect_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
+    return graph.matmul(a, b, name="mm")
+
+
+# builder, what path_reason says of how its graphs are made, the count that grows
+ROUTES = {
+    "populated": (graph_capable_matmul, "populated by cuDNN", "populated"),
+    "captured": (captured_matmul, "captured from its execute", "captured"),
+}
+
+
 def plain_matmul(graph, a, b):
     return graph.matmul(a, b, name="mm")
 
 
-@pytest.fixture
-def matmul():
-    """A registered graph-capable matmul and its operands; skips where no such plan is built."""
-    graph = tch.register_graph(graph_capable_matmul, name="graph_capable_matmul")
+@pytest.fixture(params=sorted(ROUTES))
+def matmul(request):
+    """A registered matmul whose graphs are made by one route, and its operands; skips
+    where no plan of that kind is built."""
+    builder, route, count = ROUTES[request.param]
+    graph = tch.register_graph(builder, name=f"{request.param}_matmul")
     a = torch.randn(4, 64, 32, device="cuda", dtype=torch.float16)
     b = torch.randn(4, 32, 48, device="cuda", dtype=torch.float16)
     try:
         for _ in range(2):  # built; handed to the native path at the build or (hand_over="second_call") here
             tch.execute(graph, [a, b])
     except cudnn.cudnnGraphNotSupportedError as error:
-        pytest.skip(f"no engine with SUPPORTS_CUDA_GRAPH_NATIVE_API for this matmul here: {error}")
+        pytest.skip(f"no {request.param} matmul engine here: {error}")
     (built,) = [x for x in tch.built_graphs(graph) if x.inputs == (TensorSpec.of(a), TensorSpec.of(b))]
     assert built.native, built.path_reason
-    assert "CUDA graph" in built.path_reason, built.path_reason  # the builder's note filter reached plan creation
+    assert f"CUDA graph {route}" in built.path_reason, built.path_reason  # the builder's note filter reached the plan
     previous = tch.set_native_cuda_graphs(True)
-    yield graph, a, b, built
+    yield graph, a, b, built, count
     tch.set_native_cuda_graphs(previous)
 
 
@@ -60,11 +79,12 @@ def frontend_output(built, a, b):
 
 def counts():
     torch.cuda.synchronize()
-    return tch.native_cuda_graph_stats()
+    stats = tch.native_cuda_graph_stats()
+    return dict(stats, made=stats["populated"] + stats["captured"])
 
 
 def test_a_call_at_repeated_addresses_is_launched_as_a_graph_bitwise_equal_to_execute(matmul):
-    graph, a, b, built = matmul
+    graph, a, b, built, count = matmul
     expected = frontend_output(built, a, b)
     out = torch.empty_like(expected)
     before = counts()
@@ -74,16 +94,16 @@ def test_a_call_at_repeated_addresses_is_launched_as_a_graph_bitwise_equal_to_ex
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), f"call {call}"
     after = counts()
-    # Call 0 executes (addresses seen once), call 1 populates and launches, 2 and 3 launch;
-    # call 0 already launches when `out` got the block of an earlier output (the fixture's).
-    assert after["populated"] - before["populated"] <= 1, (before, after)
+    # Call 0 executes (addresses seen once), call 1 makes a graph and launches it, 2 and 3
+    # launch; call 0 already launches when `out` got the block of an earlier output (the fixture's).
+    assert after["made"] - before["made"] <= 1 and after["made"] - before["made"] == after[count] - before[count], (before, after)
     assert after["launched"] - before["launched"] >= 3, (before, after)
     assert after["failed"] == before["failed"]
     torch.testing.assert_close(out, torch.bmm(a, b), atol=5e-2, rtol=1e-2)
 
 
 def test_a_launched_graph_reads_the_values_at_its_addresses_not_the_ones_it_was_made_with(matmul):
-    graph, a, b, built = matmul
+    graph, a, b, built, _ = matmul
     out = torch.empty(4, 64, 48, device="cuda", dtype=torch.float16)
     for _ in range(3):
         tch.execute_out(graph, [a, b], out=[out])  # a graph for these addresses exists now
@@ -99,14 +119,14 @@ def test_a_launched_graph_reads_the_values_at_its_addresses_not_the_ones_it_was_
 
 
 def test_graph_launch_switched_off_gives_the_same_bits_and_launches_nothing(matmul):
-    graph, a, b, built = matmul
+    graph, a, b, built, _ = matmul
     on = [tch.execute(graph, [a, b])[0] for _ in range(3)]
     previous = tch.set_native_cuda_graphs(False)
     try:
         assert previous is True and tch.native_cuda_graph_stats()["enabled"] is False
         before = counts()
         off = [tch.execute(graph, [a, b])[0] for _ in range(3)]
-        assert counts()["launched"] == before["launched"] and counts()["populated"] == before["populated"]
+        assert counts()["launched"] == before["launched"] and counts()["made"] == before["made"]
     finally:
         tch.set_native_cuda_graphs(previous)
     for x in on + off:
@@ -114,7 +134,7 @@ def test_graph_launch_switched_off_gives_the_same_bits_and_launches_nothing(matm
 
 
 def test_the_functional_op_in_a_loop_is_launched_from_the_second_sighting(matmul):
-    graph, a, b, _ = matmul
+    graph, a, b, *_ = matmul
     expected = tch.execute(graph, [a, b])[0]
     before = counts()
     for _ in range(10):  # each output is freed before the next call: the allocator hands the block back
@@ -126,7 +146,7 @@ def test_the_functional_op_in_a_loop_is_launched_from_the_second_sighting(matmul
 
 
 def test_threads_launch_their_own_graphs_and_get_their_own_products(matmul):
-    graph, _, _, built = matmul
+    graph, _, _, built, _ = matmul
     operands = [(torch.randn(4, 64, 32, device="cuda", dtype=torch.float16), torch.randn(4, 32, 48, device="cuda", dtype=torch.float16))
                 for _ in range(8)]
     expected = [frontend_output(built, a, b) for a, b in operands]
@@ -145,11 +165,11 @@ def test_threads_launch_their_own_graphs_and_get_their_own_products(matmul):
     for i in range(8):
         assert torch.equal(results[i].view(torch.int16), expected[i].view(torch.int16)), f"thread {i}"
     after = counts()
-    assert after["populated"] - before["populated"] >= 8 and after["launched"] - before["launched"] >= 8 * 18, (before, after)
+    assert after["made"] - before["made"] >= 8 and after["launched"] - before["launched"] >= 8 * 18, (before, after)
 
 
 def test_a_capture_records_an_execute_and_replays_right(matmul):
-    graph, a, b, built = matmul
+    graph, a, b, built, _ = matmul
     for _ in range(3):
         tch.execute(graph, [a, b])
     stream = torch.cuda.Stream()
@@ -191,3 +211,75 @@ def test_forgetting_a_plan_destroys_its_graphs():
         assert counts()["kept"] < kept
     finally:
         tch.set_cache_capacity(capacity)
+
+
+def test_graphs_of_different_plans_launched_in_turn_each_read_only_their_own_operands():
+    """Plans alternate on one handle, as a model's layers do: each round gives every
+    plan new values at its same addresses, and every launch equals the frontend's
+    execute of that plan on those values."""
+    cases = []
+    for name, (builder, _, _) in sorted(ROUTES.items()):
+        graph = tch.register_graph(builder, name=f"{name}_matmul_in_turn")
+        for shape in ((2, 64, 32, 48), (3, 32, 64, 16)):
+            batch, m, k, n = shape
+            a = torch.randn(batch, m, k, device="cuda", dtype=torch.float16)
+            b = torch.randn(batch, k, n, device="cuda", dtype=torch.float16)
+            try:
+                tch.execute(graph, [a, b])
+            except cudnn.cudnnGraphNotSupportedError:
+                continue  # that route has no engine for this matmul here
+            cases.append((graph, a, b, torch.empty(batch, m, n, device="cuda", dtype=torch.float16)))
+    if len(cases) < 2:
+        pytest.skip("fewer than two plans to alternate")
+    built = {id(a): x for graph, a, b, _ in cases for x in tch.built_graphs(graph) if x.inputs == (TensorSpec.of(a), TensorSpec.of(b))}
+    before = counts()
+    for round_ in range(5):
+        for graph, a, b, out in cases:
+            a.normal_()
+            b.normal_()
+            tch.execute_out(graph, [a, b], out=[out])
+        torch.cuda.synchronize()
+        for graph, a, b, out in cases:
+            expected = frontend_output(built[id(a)], a, b)
+            assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), f"round {round_}, graph {graph}, {tuple(a.shape)}"
+    after = counts()
+    assert after["launched"] - before["launched"] >= 3 * len(cases), (before, after)
+
+
+def test_rmsnorm_training_steps_are_launched_as_graphs_bitwise_equal_to_executing_them():
+    """RMSNorm's plans (on an H200 none carries the native-API note, so their graphs are
+    captured): steps with graph launch on give the bits of steps with it off. Results are
+    compared step by step and not kept, so the caching allocator hands every step the
+    same blocks, as in a training loop."""
+    norm = tch.nn.RMSNorm(1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        x.grad = norm.weight.grad = None
+        y = norm(x)
+        y.backward(dy)
+        return y.detach(), x.grad, norm.weight.grad
+
+    previous = tch.set_native_cuda_graphs(False)
+    try:
+        off = [[t.clone() for t in step()] for _ in range(3)]
+    finally:
+        tch.set_native_cuda_graphs(True)
+    # dScale is a reduction across rows: bitwise only if cuDNN's own executes agree
+    reduction_is_deterministic = all(torch.equal(results[2], off[0][2]) for results in off)
+    try:
+        before = counts()
+        for i in range(8):
+            for name, got, want in zip(("y", "dx", "dweight"), step(), off[0]):
+                if name == "dweight" and not reduction_is_deterministic:
+                    torch.testing.assert_close(got, want)
+                else:
+                    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"step {i}: {name}"
+        after = counts()
+    finally:
+        tch.set_native_cuda_graphs(previous)
+    reasons = [built.path_reason for built in tch.built_graphs(norm._graph)]
+    assert reasons and all("launched as a CUDA graph" in reason for reason in reasons), reasons
+    assert after["launched"] - before["launched"] >= 2 * 4, (before, after)  # forward and backward, most steps
+    assert after["failed"] == before["failed"], (before, after)

@@ -12,9 +12,10 @@ what it cannot (workspace tensors filled with copied data, tensor dumps, a seria
 format it does not know) keeps the Python path. The choice is per built graph and
 visible (``BuiltGraph.native``, ``path_reason``, ``registry_stats()``).
 
-A plan whose engine supports cuDNN's native CUDA graph API is, in addition, launched as
-a CUDA graph when a call's addresses repeat, which skips cuDNN's host path (serialized
-across threads): Note [Native CUDA graph launch] in ``csrc/native/plan_graphs.h``;
+A native plan is, in addition, launched as a CUDA graph when a call's addresses repeat
+(populated by cuDNN where the engine supports its native CUDA graph API, otherwise
+captured from one execute), which skips cuDNN's host path (serialized across threads):
+Note [Native CUDA graph launch] in ``csrc/native/plan_graphs.h``;
 ``set_native_cuda_graphs`` switches it.
 
 How the plan crosses over, and why that is safe: ``pygraph.serialize()`` of a backend
@@ -171,7 +172,7 @@ class NativePlanSpec:
     fe_workspace_size: int = 0  # the frontend's region at the start of the workspace
     workspace_tensors: Tuple[Tuple[int, int, int], ...] = ()  # uid, offset, bytes zeroed before each call
     replacements: Tuple[Tuple[int, int, int], ...] = ()  # uid, source uid, byte offset
-    cuda_graph: bool = False  # the engine supports cuDNN's native CUDA graph API (plan_graphs.h)
+    cuda_graph: bool = False  # the engine supports cuDNN's native CUDA graph API: cuDNN populates its graphs (plan_graphs.h)
 
 
 def _float_bits(value) -> float:
@@ -275,11 +276,11 @@ def set_native_cuda_graphs(enabled: bool) -> bool:
 
 
 def native_cuda_graph_stats() -> dict:
-    """The native path's CUDA graphs, every pooled handle together: ``populated``,
-    ``launched``, ``failed`` (populations cuDNN or CUDA refused; those calls executed),
-    ``kept`` (alive now), and ``enabled``."""
+    """The native path's CUDA graphs, every pooled handle together: ``populated`` (by
+    cuDNN), ``captured`` (from an execute), ``launched``, ``failed`` (graphs cuDNN or CUDA
+    would not make; those calls executed), ``kept`` (alive now), and ``enabled``."""
     if not _C.with_cuda:
-        return dict(populated=0, launched=0, failed=0, kept=0, enabled=False)
+        return dict(populated=0, captured=0, launched=0, failed=0, kept=0, enabled=False)
     return dict(_C.native_cuda_graph_counts(), enabled=bool(_C.native_cuda_graphs_enabled()))
 
 

@@ -82,18 +82,20 @@ void bind_native(py::module& m) {
                                                     std::move(output_positions), deterministic, cuda_graph);
         }
         NativePlanTable::instance().add(graph, plan);
-        return py::make_tuple(plan->serial(), plan->workspace_size());
+        const char* route = plan->cuda_graph_route();
+        return py::make_tuple(plan->serial(), plan->workspace_size(), route ? py::object(py::str(route)) : py::object(py::none()));
       },
       py::arg("graph"), py::arg("device"), py::arg("inputs"), py::arg("outputs"), py::arg("uids"), py::arg("plan_json"),
       py::arg("by_value") = py::list(), py::arg("fe_workspace_size") = 0, py::arg("workspace_tensors") = py::list(),
       py::arg("replacements") = py::list(), py::arg("output_positions") = std::vector<int64_t>(),
       py::arg("deterministic") = false, py::arg("tokens_of") = std::vector<int64_t>(), py::arg("cuda_graph") = false,
       "Deserialize a backend plan for `device` and let cudnn_fe.execute run it from C++ for exactly "
-      "these input layouts; returns (serial, workspace bytes). `deterministic`: the plan was chosen among "
+      "these input layouts; returns (serial, workspace bytes, how its CUDA graphs are made or None). `deterministic`: the plan was chosen among "
       "deterministic engines only, so calls under torch.use_deterministic_algorithms(True) may run it. "
       "`tokens_of`: per operand (inputs, then outputs), the input whose first size a packed (ragged) "
       "operand has, whatever it is (-1: exact sizes); empty: none is packed. `cuda_graph`: the plan's "
-      "engine supports cuDNN's native CUDA graph API, so calls may launch it as a CUDA graph (plan_graphs.h).");
+      "engine supports cuDNN's native CUDA graph API, so cuDNN populates the graphs its calls launch; "
+      "other plans' graphs are captured from their execute (plan_graphs.h).");
   m.def("set_native_cuda_graphs", &native::set_native_cuda_graphs, py::arg("enabled"),
         "Whether the native path may launch plans as CUDA graphs (plan_graphs.h); returns the previous setting.");
   m.def("native_cuda_graphs_enabled", &native::native_cuda_graphs_enabled);
@@ -107,12 +109,14 @@ void bind_native(py::module& m) {
         }
         py::dict out;
         out["populated"] = counts.populated;
+        out["captured"] = counts.captured;
         out["launched"] = counts.launched;
         out["failed"] = counts.failed;
         out["kept"] = counts.kept;
         return out;
       },
-      "The native path's CUDA graphs, all handles together: populated, launched, failed populations, kept now.");
+      "The native path's CUDA graphs, all handles together: populated by cuDNN, captured, launched, "
+      "failed (could not be made), kept now.");
   m.def("forget_native_cuda_graphs", [] { return native::forget_native_graphs(0); }, py::call_guard<py::gil_scoped_release>(),
         "Destroy every kept CUDA graph of the native path; returns how many.");
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },

@@ -28,8 +28,8 @@ std::atomic<int64_t> plans_alive{0};
 // write its cache line at most once a millisecond each.
 constexpr int64_t kUseResolutionNs = 1000000;
 
-// Populations that may fail before a plan stops trying (each costs a failed call into
-// cuDNN and the driver; one may fail for a passing reason, e.g. a global-mode capture).
+// Graphs that may fail to be made before a plan stops trying (each costs a failed call
+// into cuDNN and the driver; one may fail for a passing reason, e.g. a global-mode capture).
 constexpr int kMaxGraphFailures = 3;
 
 int64_t now_ns() {
@@ -88,7 +88,7 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
       outputs_(std::move(outputs)),
       extras_(std::move(extras)),
       output_positions_(std::move(output_positions)),
-      cuda_graph_(cuda_graph),
+      populated_by_cudnn_(cuda_graph),
       serial_(next_plan_serial.fetch_add(1, std::memory_order_relaxed)) {
   TORCH_CHECK(operand_uids_.size() == inputs_.size() + outputs_.size(),
               "torch_cudnn_handle: a native plan needs one uid per input and output");
@@ -102,7 +102,8 @@ NativePlan::NativePlan(int device, const std::string& plan_json, std::vector<int
                   "torch_cudnn_handle: a packed operand's token count must come from one of the plan's inputs");
     }
   }
-  for (const auto& layout : inputs_) cuda_graph_ = cuda_graph_ && !layout.host;  // read when populated, not per launch
+  // A host scalar's value would be read once, when the graph is made, not per launch.
+  for (const auto& layout : inputs_) host_inputs_ = host_inputs_ || layout.host;
   pack_uids_ = operand_uids_;
   by_value_storage_.resize(extras_.by_value.size());
   for (size_t i = 0; i < extras_.by_value.size(); ++i) {
@@ -143,32 +144,66 @@ NativePlan::~NativePlan() {
 
 int64_t NativePlan::alive() { return plans_alive.load(std::memory_order_relaxed); }
 
-bool NativePlan::launches_cuda_graphs() const {
+bool NativePlan::populates_cuda_graphs() const {
 #if CUDNN_VERSION >= 90500
-  return cuda_graph_ && graph_failures_.load(std::memory_order_relaxed) < kMaxGraphFailures &&
-      backend::cudnn_library().populate_cuda_graph != nullptr;
+  return populated_by_cudnn_ && backend::cudnn_library().populate_cuda_graph != nullptr;
 #else
   return false;
 #endif
 }
 
+bool NativePlan::launches_cuda_graphs() const {
+  return !host_inputs_ && graph_failures_.load(std::memory_order_relaxed) < kMaxGraphFailures;
+}
+
+const char* NativePlan::cuda_graph_route() const {
+  if (host_inputs_) return nullptr;
+  return populates_cuda_graphs() ? "populated by cuDNN" : "captured from its execute";
+}
+
+bool NativePlan::capture_execute(PooledCudnnHandle* handle, cudaStream_t stream, NativeScratch& scratch,
+                                 cudnnBackendDescriptor_t pack, cudaGraph_t* graph) const {
+  // On the handle's own capture stream, never the caller's: a capture takes whatever
+  // any thread enqueues on its stream, and the legacy default stream cannot capture.
+  // Thread-local mode: other threads' allocations stay legal meanwhile.
+  cudaStream_t side = scratch.capture_stream(device_);
+  const auto& cudnn = backend::cudnn_library();
+  if (side == nullptr || cudnn.set_stream(handle->backend_handle, side) != CUDNN_STATUS_SUCCESS) return false;
+  bool captured = false;
+  if (cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    const bool executed = cudnn.execute(handle->backend_handle, plan_, pack) == CUDNN_STATUS_SUCCESS;
+    const bool ended = cudaStreamEndCapture(side, graph) == cudaSuccess;  // ends it whatever the execute did
+    captured = executed && ended;
+  }
+  // Back to the stream the pooled handle records (handle->stream): the caller's.
+  backend::check_cudnn(cudnn.set_stream(handle->backend_handle, stream), "cudnnSetStream after a capture");
+  return captured;
+}
+
 bool NativePlan::launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c10::ArrayRef<void*> pointers,
                               void* engine_workspace) const {
-#if CUDNN_VERSION >= 90500
   NativeScratch& scratch = NativeScratch::of(handle);  // its mutex is held by execute()
   PlanGraphs& graphs = scratch.graphs();
   const PlanGraphs::Lookup found = graphs.find(serial_, pointers, engine_workspace);
   if (found.exec == nullptr && !found.populate) return false;
   cudaGraphExec_t exec = found.exec;
   if (exec == nullptr) {
-    // Populated on this thread's handle; a failure (an engine that declines after all,
-    // a capture in global mode on another thread refusing the instantiation) leaves
-    // this call to cudnnBackendExecute and clears the error CUDA recorded for it.
+    // Made on this thread's handle; a failure (an engine that declines after all, an
+    // execute that is not capturable, a capture in global mode on another thread
+    // refusing the instantiation) leaves this call to cudnnBackendExecute and clears
+    // the error CUDA recorded for it.
     cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
     cudaGraph_t graph = nullptr;
-    bool made = cudaGraphCreate(&graph, 0) == cudaSuccess &&
-        backend::cudnn_library().populate_cuda_graph(handle->backend_handle, plan_, pack, graph) == CUDNN_STATUS_SUCCESS &&
-        cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    const bool populate = populates_cuda_graphs();
+    bool made = false;
+#if CUDNN_VERSION >= 90500
+    if (populate) {
+      made = cudaGraphCreate(&graph, 0) == cudaSuccess &&
+          backend::cudnn_library().populate_cuda_graph(handle->backend_handle, plan_, pack, graph) == CUDNN_STATUS_SUCCESS;
+    }
+#endif
+    if (!populate) made = capture_execute(handle, stream, scratch, pack, &graph);
+    made = made && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
     if (!made) {
       (void)cudaGetLastError();
@@ -177,14 +212,11 @@ bool NativePlan::launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c1
       return false;
     }
     graphs.add(found, shared_from_this(), pointers, engine_workspace, exec);
-    ++graphs.populated;
+    ++(populate ? graphs.populated : graphs.captured);
   }
   C10_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   ++graphs.launched;
   return true;
-#else
-  return false;
-#endif
 }
 
 void NativePlan::mark_used() const {

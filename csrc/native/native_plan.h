@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include <atomic>
@@ -33,6 +34,8 @@
 #include "pool/cudnn_handle_pool.h"
 
 namespace torch_cudnn_handle::native {
+
+class NativeScratch;
 
 struct OperandLayout {
   std::vector<int64_t> sizes;
@@ -84,8 +87,9 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   // `output_positions`: which of the builder's returned values each output is (a
   // backward builder returns None for an input without a gradient); empty: in order.
   // `deterministic`: chosen among engines cuDNN does not mark non-deterministic.
-  // `cuda_graph`: its engine has cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note, so calls
-  // may launch it as a CUDA graph (Note [Native CUDA graph launch], plan_graphs.h).
+  // `cuda_graph`: its engine has cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note, so cuDNN
+  // populates the CUDA graphs its calls launch; other plans' graphs are captured from
+  // their execute (Note [Native CUDA graph launch], plan_graphs.h).
   NativePlan(int device, const std::string& plan_json, std::vector<int64_t> operand_uids,
              std::vector<OperandLayout> inputs, std::vector<OperandLayout> outputs, PlanExtras extras,
              std::vector<int64_t> output_positions = {}, bool deterministic = false, bool cuda_graph = false);
@@ -95,9 +99,12 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
 
   int device() const { return device_; }
   bool deterministic() const { return deterministic_; }
-  // Whether calls may be launched as CUDA graphs: the engine allows it, no input is a
-  // host scalar, and populating has not failed repeatedly.
+  // Whether calls may be launched as CUDA graphs: no input is a host scalar, and making
+  // its graphs has not failed repeatedly.
   bool launches_cuda_graphs() const;
+  // How its graphs are made: "populated by cuDNN", "captured from its execute", or
+  // null (never: a host-scalar input).
+  const char* cuda_graph_route() const;
   uint64_t serial() const { return serial_; }
   int64_t workspace_size() const { return extras_.fe_workspace_size + engine_workspace_size_; }
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
@@ -120,6 +127,10 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   // false: it did not, and the caller executes it.
   bool launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c10::ArrayRef<void*> pointers,
                     void* engine_workspace) const;
+  bool populates_cuda_graphs() const;  // the engine's note, and a libcudnn with the API
+  // Records one cudnnBackendExecute of `pack` into `graph` on the handle's capture stream.
+  bool capture_execute(PooledCudnnHandle* handle, cudaStream_t stream, NativeScratch& scratch,
+                       cudnnBackendDescriptor_t pack, cudaGraph_t* graph) const;
 
   int device_;
   bool deterministic_;
@@ -133,8 +144,9 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   std::vector<std::pair<size_t, int64_t>> replacement_sources_;  // pack index of the source, offset
   cudnnBackendDescriptor_t plan_ = nullptr;
   int64_t engine_workspace_size_ = 0;
-  bool cuda_graph_;
-  mutable std::atomic<int> graph_failures_{0};  // populations that failed, on any handle
+  bool populated_by_cudnn_;  // the engine's SUPPORTS_CUDA_GRAPH_NATIVE_API note
+  bool host_inputs_ = false;
+  mutable std::atomic<int> graph_failures_{0};  // graphs that could not be made, on any handle
   uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
   mutable std::atomic<int64_t> last_used_ns_{0};
 };

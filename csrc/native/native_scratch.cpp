@@ -105,6 +105,17 @@ cudnnBackendDescriptor_t NativeScratch::variant_pack(uint64_t plan_serial, const
   return variant_pack_;
 }
 
+cudaStream_t NativeScratch::capture_stream(int device) {
+  if (capture_stream_ == nullptr) {
+    c10::cuda::CUDAGuard device_guard(static_cast<c10::DeviceIndex>(device));
+    if (cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      (void)cudaGetLastError();
+      capture_stream_ = nullptr;
+    }
+  }
+  return capture_stream_;
+}
+
 int64_t NativeScratch::release_workspaces() {
   int64_t bytes = 0;
   for (const auto& w : workspaces_) bytes += w.bytes;

@@ -45,6 +45,10 @@ class NativeScratch {
   // The CUDA graphs of recent calls (Note [Native CUDA graph launch]); with mutex() held.
   PlanGraphs& graphs() { return graphs_; }
 
+  // This handle's own stream on `device` for capturing a call into a graph, made on
+  // first use and never destroyed (like the handle); null if CUDA refused one.
+  cudaStream_t capture_stream(int device);
+
  private:
 
   struct StreamWorkspace {
@@ -59,6 +63,7 @@ class NativeScratch {
   uint64_t variant_pack_plan_ = 0;
   std::vector<void*> variant_pack_pointers_;  // operands, then the workspace
   PlanGraphs graphs_;
+  cudaStream_t capture_stream_ = nullptr;
 };
 
 // Runs `fn` on the scratch of every pooled handle that has one, each under its mutex

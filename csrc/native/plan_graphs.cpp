@@ -103,6 +103,7 @@ PlanGraphCounts plan_graph_counts() {
   for_each_native_scratch([&](NativeScratch& scratch) {
     const PlanGraphs& graphs = scratch.graphs();
     counts.populated += graphs.populated;
+    counts.captured += graphs.captured;
     counts.launched += graphs.launched;
     counts.failed += graphs.failed;
     counts.kept += static_cast<int64_t>(graphs.size());

@@ -2,23 +2,28 @@
 //
 // cudnnBackendExecute serializes across threads inside cuDNN (about 65-90k calls/s for
 // the whole process on an H200, whatever the plan; bench/thread_scaling.py), and it is
-// most of a small call's host time. For a plan whose engine carries cuDNN's
-// SUPPORTS_CUDA_GRAPH_NATIVE_API note, cuDNN can instead write the call into a CUDA
-// graph (cudnnBackendPopulateCudaGraph, cuDNN >= 9.5) for one set of operand and
-// workspace addresses; instantiated once, that graph is launched with cudaGraphLaunch,
-// which does not enter cuDNN at all and scales with threads.
+// most of a small call's host time. A CUDA graph of the call, made once for one set of
+// operand and workspace addresses and launched with cudaGraphLaunch, does not enter
+// cuDNN at all and scales with threads. The graph is made one of two ways:
+// * populated by cuDNN (cudnnBackendPopulateCudaGraph, cuDNN >= 9.5) for a plan whose
+//   engine carries the SUPPORTS_CUDA_GRAPH_NATIVE_API note;
+// * otherwise captured from one cudnnBackendExecute, on the handle's own capture
+//   stream in thread-local mode: what torch.cuda.graph records of a cuDNN call, so the
+//   same engines that run under a user's capture run here (an engine whose execute
+//   cannot be captured fails the capture, and its calls keep executing).
 //
 // So each pooled handle (one per thread and device) keeps a few such graphs, keyed by
 // (plan, every address the call binds). A call whose addresses repeat launches the
 // graph; torch's caching allocator hands a steady loop the same blocks, and the
 // workspace is the handle's kept block, so training and serving loops repeat. Addresses
-// seen once are never populated (a graph is made on the second sighting), so a call
-// with new addresses each time pays one hash over them and runs cudnnBackendExecute as
-// before. Not used while the stream is capturing (the capture records the execute), for
-// a per-call workspace, for a plan with a host scalar (its value is read when the
-// graph is populated, not per launch), or when switched off (set_native_cuda_graphs).
-// The graph runs the same plan's kernels on the same addresses as its execute would:
-// results are bitwise equal (test_native_cuda_graphs_gpu.py).
+// seen once are never made into a graph (that happens on the second sighting), so a
+// call with new addresses each time pays one hash over them and runs
+// cudnnBackendExecute as before. Not used while the stream is capturing (the capture
+// records the execute), for a per-call workspace, for a plan with a host scalar (its
+// value is read when the graph is made, not per launch), or when switched off
+// (set_native_cuda_graphs). The graph runs the same plan's kernels on the same
+// addresses as its execute would: results are bitwise equal, and a graph launched after
+// other plans ran on its handle reads nothing they left (test_native_cuda_graphs_gpu.py).
 //
 // Ownership: an entry holds its plan (the graph's kernels are the plan's, see
 // graph_keepalive.h) and its executable graph; both die when the entry is evicted (the
@@ -66,8 +71,9 @@ class PlanGraphs {
   size_t forget(uint64_t plan_serial);
   size_t size() const { return entries_.size(); }
 
-  // This handle's counts: graphs populated, launches, failed populations.
-  int64_t populated = 0, launched = 0, failed = 0;
+  // This handle's counts: graphs populated by cuDNN, graphs captured, launches, graphs
+  // that could not be made.
+  int64_t populated = 0, captured = 0, launched = 0, failed = 0;
 
   static constexpr size_t kMaxGraphs = 16;
 
@@ -89,9 +95,10 @@ bool native_cuda_graphs_enabled();
 bool set_native_cuda_graphs(bool enabled);  // returns the previous setting
 
 // The counts of every pooled handle together, and the graphs kept: for
-// registry_stats() (a failed population leaves the call to cudnnBackendExecute).
+// native_cuda_graph_stats() (a graph that could not be made leaves the call to
+// cudnnBackendExecute).
 struct PlanGraphCounts {
-  int64_t populated = 0, launched = 0, failed = 0, kept = 0;
+  int64_t populated = 0, captured = 0, launched = 0, failed = 0, kept = 0;
 };
 PlanGraphCounts plan_graph_counts();
 

@@ -156,7 +156,7 @@ def hand_over(built: BuiltGraph, clock: PhaseClock, *, at_build: bool = False) -
         native, serial = False, 0
         if spec is not None:
             try:  # deserialized on this thread's pooled handle for the device (the extension picks it)
-                serial, _ = _C.native_register(
+                serial, _, graph_route = _C.native_register(
                     definition.graph_id, built.device, layout_lists(specs), layout_lists(layout.outputs), list(uids),
                     spec.plan_json.encode("utf-8"), by_value=list(spec.by_value), fe_workspace_size=spec.fe_workspace_size,
                     workspace_tensors=list(spec.workspace_tensors), replacements=list(spec.replacements),
@@ -164,7 +164,7 @@ def hand_over(built: BuiltGraph, clock: PhaseClock, *, at_build: bool = False) -
                     cuda_graph=spec.cuda_graph, **_token_counts(definition, len(specs), layout),
                 )
                 native, reason = True, "backend plan, run from C++" + (
-                    " (launched as a CUDA graph when its addresses repeat)" if spec.cuda_graph else ""
+                    f" (launched as a CUDA graph {graph_route} when its addresses repeat)" if graph_route else ""
                 ) + ("" if at_build else ", handed over at its second call")
             except Exception as error:  # noqa: BLE001 -- the Python path runs every plan; say why this one is there
                 reason = f"native registration failed, so the Python path runs it ({type(error).__name__}: {error})"
