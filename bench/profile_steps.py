@@ -447,8 +447,10 @@ def section_plans(out: Out, args, sdpa_state: dict) -> None:
 
 def section_host_costs(out: Out, args, number: int) -> None:
     """Host microseconds to issue one call of each graph the small-size steps run: the op
-    (native path, no autograd), cudnnBackendExecute alone on the same plan (the op's
-    floor), and torch's nearest equivalent. Issue time only: below the launch queue's depth."""
+    (native path, no autograd; its calls repeat their addresses, so they launch the
+    plan's CUDA graph), cudnnBackendExecute alone on the same plan (the floor without
+    graph launch), and torch's nearest equivalent. Issue time only: below the launch
+    queue's depth."""
     import statistics as stats
 
     import torch
@@ -461,7 +463,7 @@ def section_host_costs(out: Out, args, number: int) -> None:
     from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
     from torch_cudnn_handle.nn.linear import GELU_BACKWARD, LINEAR_GRAPHS, MATMUL
 
-    out.say(f"\n## {number}. host us to issue one call: the op, cudnnBackendExecute alone (the op's floor), torch's equivalent")
+    out.say(f"\n## {number}. host us to issue one call: the op (graph launch), cudnnBackendExecute alone, torch's equivalent")
     try:
         extension = thread_scaling.build()
     except Exception as error:  # noqa: BLE001
@@ -507,7 +509,7 @@ def section_host_costs(out: Out, args, number: int) -> None:
         try:
             with torch.no_grad():
                 op_us = stats.median(host_us_per_call(lambda: tch.execute(graph_id, operands), calls) for _ in range(rounds))
-            backend = thread_scaling.BackendCall(graph_id, operands, 1)
+            backend = thread_scaling.BackendCall.of_registry(graph_id, operands, 1, [operands])
             backend_us = stats.median(backend.issue_us(extension, calls) for _ in range(rounds)) if backend.plan_json else None
             torch_us = None
             if torch_fn is not None:

@@ -2,14 +2,15 @@
 C++ (no GIL anywhere): calls per second of T threads (1/4/16/64), each on its own stream
 and (for cuDNN) its own handle, started together and timed until every stream is done, for
 
-* ``cudnn_fe.execute``: the op through the dispatcher, its native path;
+* ``cudnn_fe.execute``: the op through the dispatcher, its native path, on the plan the
+  registry picks (an engine without cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note here), so
+  once a call's addresses repeat it launches a CUDA graph captured from one execute
+  (Note [Native CUDA graph launch], csrc/native/plan_graphs.h); each thread's output
+  buffer comes back from torch's caching allocator at the same address every call;
 * ``cudnn_fe.execute, graph-capable plan``: the same op on a matmul whose builder selects
-  engines with cuDNN's SUPPORTS_CUDA_GRAPH_NATIVE_API note, so the native path launches
-  its calls as CUDA graphs once their addresses repeat (Note [Native CUDA graph launch],
-  csrc/native/plan_graphs.h); each thread's output buffer comes back from torch's
-  caching allocator at the same address every call;
+  engines with the note, so cuDNN populates the graphs it launches;
 * ``torch.bmm``: the same product, the baseline;
-* (a) ``cudnnBackendExecute, shared plan``: the op's floor, the same serialized plan
+* (a) ``cudnnBackendExecute, shared plan``: the op's floor without graph launch, the same serialized plan
   executed alone (thread's own handle, a variant pack built once), one plan descriptor
   shared by all threads, as the op shares it;
 * (b) ``cudnnBackendExecute, plan per thread``: each thread its own plan, finalized
@@ -111,7 +112,7 @@ def check(outputs: Sequence, operands: Sequence, what: str, expected: Optional[S
 class BackendCall:
     """What cudnnBackendExecute alone (and cuDNN's native CUDA graph) needs to run one
     serialized plan of the matmul, once per thread: the plan's JSON and pack uids, and per
-    thread two pointer sets (its operands, an output buffer, pass-by-value scalars in host
+    thread two pointer sets (its operands, output buffers, pass-by-value scalars in host
     memory, workspace tensors, replacements; the second set has its own output buffer),
     its workspace and the regions zeroed before each call. ``why`` says why there is none."""
 
@@ -121,6 +122,7 @@ class BackendCall:
         from torch_cudnn_handle.native import backend_plan_of
 
         spec, self.why = backend_plan_of(graph, tuple(uids), serialized)
+        outputs_like = list(output_like) if isinstance(output_like, (list, tuple)) else [output_like]
         device = operand_sets[0][0].device
         self.device, self.plan_json, self.uids = device.index, None, []
         self.operands = [list(operand_sets[t]) for t in range(threads)]
@@ -139,9 +141,10 @@ class BackendCall:
             base = workspace.data_ptr()
             sets = []
             for outputs in (self.outputs, self.other_outputs):
-                out = torch.empty_strided(output_like.shape, output_like.stride(), dtype=output_like.dtype, device=device)
-                outputs.append(out)
-                pointers = [tensor.data_ptr() for tensor in self.operands[t] + [out]] + [scalar.data_ptr() for scalar in scalars]
+                outs = [torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=device) for like in outputs_like]
+                outputs.append(outs[0])  # what the checks read; the others are kept
+                self._keep += outs[1:]
+                pointers = [tensor.data_ptr() for tensor in self.operands[t] + outs] + [scalar.data_ptr() for scalar in scalars]
                 pointers += [base + offset for _, offset, _ in spec.workspace_tensors]
                 by_uid = dict(zip(self.uids, pointers))
                 pointers += [by_uid[source] + offset for _, source, offset in spec.replacements]
@@ -160,10 +163,10 @@ class BackendCall:
         from torch_cudnn_handle.registry import TensorSpec
 
         with torch.no_grad():
-            (out,) = tch.execute(graph_id, inputs)  # built here (handed to the native path at its second call)
+            outs = tch.execute(graph_id, inputs)  # built here (handed to the native path at its second call)
         specs = tuple(TensorSpec.of(t) for t in inputs)
         built = next(b for b in tch.built_graphs(graph_id) if b.inputs == specs and b.device == inputs[0].device.index)
-        return cls(built.graph, built.uids, built.workspace_size, out, operand_sets, threads)
+        return cls(built.graph, built.uids, built.workspace_size, list(outs), operand_sets, threads)
 
     @classmethod
     def graph_capable(cls, inputs, threads: int, operand_sets):
