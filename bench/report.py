@@ -1,7 +1,7 @@
 """The benchmark report, in one command on the GPU host:
 
     python bench/report.py [--quick] [--out bench/results] [--sections host,threads,gpu_work,modules,memory]
-                           [--runs untuned,tuned] [--update]
+                           [--runs untuned,tuned] [--module-sizes small,medium,large] [--update]
 
 writes ``REPORT.md`` (Markdown tables), ``report.png`` (plots) and ``report.json``
 (the raw figures, rewritten after every section) under ``--out``. Everything in it is
@@ -217,9 +217,9 @@ def gpu_work(quick: bool) -> List[dict]:
 # 4. The module table (modules.py), untuned and tuned, each in its own process
 
 
-def module_table(quick: bool, runs_wanted: Tuple[str, ...]) -> Tuple[List[dict], Dict[str, dict]]:
+def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str, dict]]:
     """Runs ``modules.py`` in a subprocess per run (``"untuned"``, ``"tuned"``), each
-    with its own torch baselines; returns (all rows, {run: how it ran})."""
+    with its own torch baselines, for ``sizes`` (None: all); returns (all rows, {run: how it ran})."""
     import torch
 
     from modules import TUNE_ENV, TUNING_CACHE_ENV
@@ -238,11 +238,12 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...]) -> Tuple[List[dict],
                 env[TUNING_CACHE_ENV] = os.path.join(tmp, "plan_tuning.json")  # not created here: the library writes it
             path = os.path.join(tmp, f"modules_{label}.json")
             command = [sys.executable, os.path.join(HERE, "modules.py"), "--json", path] + (["--quick"] if quick else [])
+            command += ["--sizes", ",".join(sizes)] if sizes else []
             settings = {name: env.get(name) for name in (TUNE_ENV, TUNING_CACHE_ENV)}
             print(f"\n## modules.py, {label} ({', '.join(f'{k}={v}' for k, v in settings.items())})", flush=True)
             began = time.perf_counter()
             completed = subprocess.run(command, env=env, check=False)
-            info = dict(returncode=completed.returncode, seconds=time.perf_counter() - began,
+            info = dict(returncode=completed.returncode, seconds=time.perf_counter() - began, sizes=list(sizes or modules_sizes()),
                         env={name: (value.replace(tmp, "<tmp>") if value else value) for name, value in settings.items()})
             if os.path.exists(path):
                 with open(path) as f:
@@ -251,11 +252,31 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...]) -> Tuple[List[dict],
                 info.update(complete=result.get("complete", False), torch=result.get("torch"), gpu=result.get("gpu"))
             else:
                 info.update(complete=False)
-            runs[label] = info
+            runs[label if not sizes else f"{label}, {'/'.join(sizes)}"] = info
             if completed.returncode != 0:
                 ERRORS.append(f"modules.py, {label} run: exit {completed.returncode}" + ("" if info.get("complete") else " (its table is incomplete)"))
             print(f"modules.py {label}: exit {completed.returncode}, {info['seconds']:.0f} s", flush=True)
     return rows, runs
+
+
+def modules_sizes() -> Tuple[str, ...]:
+    import modules
+
+    return tuple(modules.SIZES)
+
+
+def merge_runs(kept: Dict[str, dict], runs: Dict[str, dict]) -> Dict[str, dict]:
+    """How each run ran, after ``runs`` re-measured some sizes: an earlier entry of the
+    same run keeps only the sizes not re-measured, and goes when none is left."""
+    merged = {}
+    for key, info in kept.items():
+        run = key.split(",")[0]
+        remeasured = {size for new_key, new in runs.items() if new_key.split(",")[0] == run for size in new.get("sizes", modules_sizes())}
+        left = [size for size in info.get("sizes", modules_sizes()) if size not in remeasured]
+        if left:
+            merged[key] = dict(info, sizes=left)
+    merged.update(runs)
+    return merged
 
 
 # ---------------------------------------------------------------------------------
@@ -439,7 +460,8 @@ def _markdown_module_table(data: dict) -> List[str]:
     present += sorted({r.get("run") for r in rows if r.get("run") not in RUNS})
     if runs_info:
         lines += [""] + [f"- {run}: exit {info.get('returncode')}, {info.get('seconds', 0):.0f} s, "
-                         f"{'complete' if info.get('complete') else 'INCOMPLETE'}; env {info.get('env')}" for run, info in runs_info.items()]
+                         f"{'complete' if info.get('complete') else 'INCOMPLETE'}; sizes {'/'.join(info.get('sizes', modules_sizes()))}; "
+                         f"env {info.get('env')}" for run, info in runs_info.items()]
     # Summary: ratio per run, side by side.
     groups: Dict[tuple, Dict[str, dict]] = {}
     for r in sorted(rows, key=modules.row_order):
@@ -731,6 +753,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"which sections to measure, comma-separated (default: {','.join(SECTIONS)})")
     parser.add_argument("--runs", default="untuned,tuned", help="the module table's runs, comma-separated: untuned, tuned (default: both)")
     parser.add_argument("--no-tuned", action="store_true", help="the same as --runs untuned")
+    parser.add_argument("--module-sizes", help="the module table's sizes, comma-separated (default: all); with --update the "
+                        "other sizes' rows are kept, so a long run can be split across calls")
     parser.add_argument("--update", action="store_true", help="measure the given sections into --out's report.json, keeping the others")
     args = parser.parse_args(argv)
     if args.from_json:
@@ -769,10 +793,12 @@ def main(argv=None) -> int:
             json.dump(data, f, indent=1)
 
     def module_section() -> None:
-        rows, runs = module_table(args.quick, runs_wanted)
-        kept = [r for r in data.get("module_table", []) if r.get("run", "untuned") not in runs] if args.update else []
+        sizes = [s.strip() for s in args.module_sizes.split(",")] if args.module_sizes else None
+        rows, runs = module_table(args.quick, runs_wanted, sizes)
+        measured = {(r["run"], r["size"]) for r in rows}
+        kept = [r for r in data.get("module_table", []) if (r.get("run", "untuned"), r["size"]) not in measured] if args.update else []
         data["module_table"] = kept + rows
-        data["module_table_runs"] = dict(data.get("module_table_runs", {}) if args.update else {}, **runs)
+        data["module_table_runs"] = merge_runs(data.get("module_table_runs", {}) if args.update else {}, runs)
 
     def threads_section() -> None:
         data["thread_scaling"] = thread_scaling(per_thread, rounds)
