@@ -119,8 +119,10 @@ void bind_native(py::module& m) {
       "failed (could not be made), kept now.");
   m.def("forget_native_cuda_graphs", [] { return native::forget_native_graphs(0); }, py::call_guard<py::gil_scoped_release>(),
         "Destroy every kept CUDA graph of the native path; returns how many.");
+  // Without the GIL: removing a plan waits on each handle's scratch mutex (its graphs),
+  // which a thread holds across a call; no path holding one takes the GIL.
   m.def("native_forget", [](int64_t graph, uint64_t serial) { return NativePlanTable::instance().remove(graph, serial); },
-        py::arg("graph"), py::arg("serial"));
+        py::arg("graph"), py::arg("serial"), py::call_guard<py::gil_scoped_release>());
   m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },
         "serial -> when each native plan last ran (monotonic clock, ns; 0 = never).");
   m.def("native_plan_count", [] { return NativePlanTable::instance().size(); });

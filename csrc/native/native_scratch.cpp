@@ -89,9 +89,7 @@ void* NativeScratch::workspace(int device, cudaStream_t stream, bool capturing, 
 
 cudnnBackendDescriptor_t NativeScratch::variant_pack(uint64_t plan_serial, const std::vector<int64_t>& uids,
                                                      c10::ArrayRef<void*> pointers, void* workspace) {
-  if (variant_pack_ != nullptr && variant_pack_plan_ == plan_serial && variant_pack_pointers_.size() == pointers.size() + 1 &&
-      std::equal(pointers.begin(), pointers.end(), variant_pack_pointers_.begin()) &&
-      variant_pack_pointers_.back() == workspace) {
+  if (variant_pack_ != nullptr && variant_pack_plan_ == plan_serial && same_addresses(variant_pack_pointers_, pointers, workspace)) {
     return variant_pack_;
   }
   if (variant_pack_ != nullptr) {

@@ -23,11 +23,6 @@ size_t hash_of(uint64_t plan_serial, c10::ArrayRef<void*> pointers, void* worksp
   return hash;
 }
 
-bool same_addresses(const std::vector<void*>& kept, c10::ArrayRef<void*> pointers, void* workspace) {
-  return kept.size() == pointers.size() + 1 && std::equal(pointers.begin(), pointers.end(), kept.begin()) &&
-      kept.back() == workspace;
-}
-
 void destroy(cudaGraphExec_t exec) {
   // Freed by CUDA once an in-flight launch completes; an error here (a context torn
   // down by a failed device) is not worth a throw from a destructor path.
@@ -45,6 +40,11 @@ std::atomic<bool>& enabled_flag() {
 }
 
 }  // namespace
+
+bool same_addresses(const std::vector<void*>& kept, c10::ArrayRef<void*> pointers, void* workspace) {
+  return kept.size() == pointers.size() + 1 && std::equal(pointers.begin(), pointers.end(), kept.begin()) &&
+      kept.back() == workspace;
+}
 
 PlanGraphs::~PlanGraphs() { forget(0); }
 

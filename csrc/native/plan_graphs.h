@@ -47,6 +47,9 @@ namespace torch_cudnn_handle::native {
 
 class NativePlan;
 
+// Whether `kept` (operands, then the workspace) holds exactly these addresses.
+bool same_addresses(const std::vector<void*>& kept, c10::ArrayRef<void*> pointers, void* workspace);
+
 // The graphs of one pooled handle; used under its NativeScratch mutex.
 class PlanGraphs {
  public:
