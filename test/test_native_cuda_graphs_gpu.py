@@ -283,3 +283,14 @@ def test_rmsnorm_training_steps_are_launched_as_graphs_bitwise_equal_to_executin
     assert reasons and all("launched as a CUDA graph" in reason for reason in reasons), reasons
     assert after["launched"] - before["launched"] >= 2 * 4, (before, after)  # forward and backward, most steps
     assert after["failed"] == before["failed"], (before, after)
+    # The forward alone (inference): launched too, and equal to the training forward's bits.
+    try:
+        tch.set_native_cuda_graphs(True)
+        before = counts()
+        with torch.no_grad():
+            for i in range(6):
+                assert torch.equal(norm(x).view(torch.int16), off[0][0].view(torch.int16)), f"inference call {i}"
+        after = counts()
+    finally:
+        tch.set_native_cuda_graphs(previous)
+    assert after["launched"] - before["launched"] >= 4, (before, after)
