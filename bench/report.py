@@ -217,9 +217,12 @@ def gpu_work(quick: bool) -> List[dict]:
 # 4. The module table (modules.py), untuned and tuned, each in its own process
 
 
-def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List[str]] = None) -> Tuple[List[dict], Dict[str, dict]]:
+def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List[str]] = None,
+                 timeout: Optional[float] = None) -> Tuple[List[dict], Dict[str, dict]]:
     """Runs ``modules.py`` in a subprocess per run (``"untuned"``, ``"tuned"``), each
-    with its own torch baselines, for ``sizes`` (None: all); returns (all rows, {run: how it ran})."""
+    with its own torch baselines, for ``sizes`` (None: all), each stopped after
+    ``timeout`` seconds with the rows it finished (modules.py saves them as it goes);
+    returns (all rows, {run: how it ran})."""
     import torch
 
     from modules import TUNE_ENV, TUNING_CACHE_ENV
@@ -242,8 +245,11 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
             settings = {name: env.get(name) for name in (TUNE_ENV, TUNING_CACHE_ENV)}
             print(f"\n## modules.py, {label} ({', '.join(f'{k}={v}' for k, v in settings.items())})", flush=True)
             began = time.perf_counter()
-            completed = subprocess.run(command, env=env, check=False)
-            info = dict(returncode=completed.returncode, seconds=time.perf_counter() - began, sizes=list(sizes or modules_sizes()),
+            try:
+                returncode = subprocess.run(command, env=env, check=False, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                returncode = 124  # as timeout(1) says it; the rows finished so far are kept
+            info = dict(returncode=returncode, seconds=time.perf_counter() - began, sizes=list(sizes or modules_sizes()),
                         env={name: (value.replace(tmp, "<tmp>") if value else value) for name, value in settings.items()})
             if os.path.exists(path):
                 with open(path) as f:
@@ -253,9 +259,9 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
             else:
                 info.update(complete=False)
             runs[label if not sizes else f"{label}, {'/'.join(sizes)}"] = info
-            if completed.returncode != 0:
-                ERRORS.append(f"modules.py, {label} run: exit {completed.returncode}" + ("" if info.get("complete") else " (its table is incomplete)"))
-            print(f"modules.py {label}: exit {completed.returncode}, {info['seconds']:.0f} s", flush=True)
+            if returncode != 0:
+                ERRORS.append(f"modules.py, {label} run: exit {returncode}" + ("" if info.get("complete") else " (its table is incomplete)"))
+            print(f"modules.py {label}: exit {returncode}, {info['seconds']:.0f} s", flush=True)
     return rows, runs
 
 
@@ -755,6 +761,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tuned", action="store_true", help="the same as --runs untuned")
     parser.add_argument("--module-sizes", help="the module table's sizes, comma-separated (default: all); with --update the "
                         "other sizes' rows are kept, so a long run can be split across calls")
+    parser.add_argument("--module-timeout", type=float, help="seconds each module run may take; a run stopped then keeps "
+                        "the rows it finished")
     parser.add_argument("--update", action="store_true", help="measure the given sections into --out's report.json, keeping the others")
     args = parser.parse_args(argv)
     if args.from_json:
@@ -794,7 +802,7 @@ def main(argv=None) -> int:
 
     def module_section() -> None:
         sizes = [s.strip() for s in args.module_sizes.split(",")] if args.module_sizes else None
-        rows, runs = module_table(args.quick, runs_wanted, sizes)
+        rows, runs = module_table(args.quick, runs_wanted, sizes, args.module_timeout)
         measured = {(r["run"], r["size"]) for r in rows}
         kept = [r for r in data.get("module_table", []) if (r.get("run", "untuned"), r["size"]) not in measured] if args.update else []
         data["module_table"] = kept + rows
