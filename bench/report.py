@@ -225,7 +225,7 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
     returns (all rows, {run: how it ran})."""
     import torch
 
-    from modules import TUNE_ENV, TUNING_CACHE_ENV
+    from modules import SIZES, TUNE_ENV, TUNING_CACHE_ENV
 
     torch.cuda.empty_cache()  # leave the GPU's memory to the child
     rows: List[dict] = []
@@ -249,7 +249,7 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
                 returncode = subprocess.run(command, env=env, check=False, timeout=timeout).returncode
             except subprocess.TimeoutExpired:
                 returncode = 124  # as timeout(1) says it; the rows finished so far are kept
-            info = dict(returncode=returncode, seconds=time.perf_counter() - began, sizes=list(sizes or modules_sizes()),
+            info = dict(run=label, returncode=returncode, seconds=time.perf_counter() - began, sizes=list(sizes or SIZES),
                         env={name: (value.replace(tmp, "<tmp>") if value else value) for name, value in settings.items()})
             if os.path.exists(path):
                 with open(path) as f:
@@ -265,24 +265,18 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
     return rows, runs
 
 
-def modules_sizes() -> Tuple[str, ...]:
+def merge_runs(kept: Dict[str, dict], runs: Dict[str, dict], remeasured: set) -> Dict[str, dict]:
+    """How each run ran, after ``runs`` re-measured the (run, size) pairs in ``remeasured``:
+    an earlier entry keeps only its sizes not re-measured, and goes when none is left.
+    (Entries of older reports name no run and no sizes: their key is the run, every size.)"""
     import modules
 
-    return tuple(modules.SIZES)
-
-
-def merge_runs(kept: Dict[str, dict], runs: Dict[str, dict]) -> Dict[str, dict]:
-    """How each run ran, after ``runs`` re-measured some sizes: an earlier entry of the
-    same run keeps only the sizes not re-measured, and goes when none is left."""
     merged = {}
     for key, info in kept.items():
-        run = key.split(",")[0]
-        remeasured = {size for new_key, new in runs.items() if new_key.split(",")[0] == run for size in new.get("sizes", modules_sizes())}
-        left = [size for size in info.get("sizes", modules_sizes()) if size not in remeasured]
+        left = [size for size in info.get("sizes", modules.SIZES) if (info.get("run", key), size) not in remeasured]
         if left:
             merged[key] = dict(info, sizes=left)
-    merged.update(runs)
-    return merged
+    return {**merged, **runs}
 
 
 # ---------------------------------------------------------------------------------
@@ -466,7 +460,7 @@ def _markdown_module_table(data: dict) -> List[str]:
     present += sorted({r.get("run") for r in rows if r.get("run") not in RUNS})
     if runs_info:
         lines += [""] + [f"- {run}: exit {info.get('returncode')}, {info.get('seconds', 0):.0f} s, "
-                         f"{'complete' if info.get('complete') else 'INCOMPLETE'}; sizes {'/'.join(info.get('sizes', modules_sizes()))}; "
+                         f"{'complete' if info.get('complete') else 'INCOMPLETE'}; sizes {'/'.join(info.get('sizes', modules.SIZES))}; "
                          f"env {info.get('env')}" for run, info in runs_info.items()]
     # Summary: ratio per run, side by side.
     groups: Dict[tuple, Dict[str, dict]] = {}
@@ -803,10 +797,11 @@ def main(argv=None) -> int:
     def module_section() -> None:
         sizes = [s.strip() for s in args.module_sizes.split(",")] if args.module_sizes else None
         rows, runs = module_table(args.quick, runs_wanted, sizes, args.module_timeout)
-        measured = {(r["run"], r["size"]) for r in rows}
-        kept = [r for r in data.get("module_table", []) if (r.get("run", "untuned"), r["size"]) not in measured] if args.update else []
+        # What this call ran replaces the earlier rows of those (run, size) pairs, finished or not.
+        remeasured = {(info["run"], size) for info in runs.values() for size in info["sizes"]}
+        kept = [r for r in data.get("module_table", []) if (r.get("run", "untuned"), r["size"]) not in remeasured] if args.update else []
         data["module_table"] = kept + rows
-        data["module_table_runs"] = merge_runs(data.get("module_table_runs", {}) if args.update else {}, runs)
+        data["module_table_runs"] = merge_runs(data.get("module_table_runs", {}) if args.update else {}, runs, remeasured)
 
     def threads_section() -> None:
         data["thread_scaling"] = thread_scaling(per_thread, rounds)
