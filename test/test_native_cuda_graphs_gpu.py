@@ -19,6 +19,7 @@ execute):
 
 from __future__ import annotations
 
+import contextlib
 
 import cudnn
 import pytest
@@ -39,6 +40,16 @@ def graph_capable_matmul(graph, a, b):
 def captured_matmul(graph, a, b):
     graph.deselect_behavior_notes([cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API])
     return graph.matmul(a, b, name="mm")
+
+
+@contextlib.contextmanager
+def graph_launch(enabled: bool):
+    """The native path's graph launch switched on or off, restored after; yields the previous setting."""
+    previous = tch.set_native_cuda_graphs(enabled)
+    try:
+        yield previous
+    finally:
+        tch.set_native_cuda_graphs(previous)
 
 
 # builder, what path_reason says of how its graphs are made, the count that grows
@@ -68,9 +79,8 @@ def matmul(request):
     (built,) = [x for x in tch.built_graphs(graph) if x.inputs == (TensorSpec.of(a), TensorSpec.of(b))]
     assert built.native, built.path_reason
     assert f"CUDA graph {route}" in built.path_reason, built.path_reason  # the builder's note filter reached the plan
-    previous = tch.set_native_cuda_graphs(True)
-    yield graph, a, b, built, count
-    tch.set_native_cuda_graphs(previous)
+    with graph_launch(True):
+        yield graph, a, b, built, count
 
 
 def frontend_output(built, a, b):
@@ -121,14 +131,11 @@ def test_a_launched_graph_reads_the_values_at_its_addresses_not_the_ones_it_was_
 def test_graph_launch_switched_off_gives_the_same_bits_and_launches_nothing(matmul):
     graph, a, b, built, _ = matmul
     on = [tch.execute(graph, [a, b])[0] for _ in range(3)]
-    previous = tch.set_native_cuda_graphs(False)
-    try:
+    with graph_launch(False) as previous:
         assert previous is True and tch.native_cuda_graph_stats()["enabled"] is False
         before = counts()
         off = [tch.execute(graph, [a, b])[0] for _ in range(3)]
         assert counts()["launched"] == before["launched"] and counts()["made"] == before["made"]
-    finally:
-        tch.set_native_cuda_graphs(previous)
     for x in on + off:
         assert torch.equal(x.view(torch.int16), on[0].view(torch.int16))
 
@@ -261,14 +268,11 @@ def test_rmsnorm_training_steps_are_launched_as_graphs_bitwise_equal_to_executin
         y.backward(dy)
         return y.detach(), x.grad, norm.weight.grad
 
-    previous = tch.set_native_cuda_graphs(False)
-    try:
+    with graph_launch(False):
         off = [[t.clone() for t in step()] for _ in range(3)]
-    finally:
-        tch.set_native_cuda_graphs(True)
     # dScale is a reduction across rows: bitwise only if cuDNN's own executes agree
     reduction_is_deterministic = all(torch.equal(results[2], off[0][2]) for results in off)
-    try:
+    with graph_launch(True):
         before = counts()
         for i in range(8):
             for name, got, want in zip(("y", "dx", "dweight"), step(), off[0]):
@@ -277,20 +281,14 @@ def test_rmsnorm_training_steps_are_launched_as_graphs_bitwise_equal_to_executin
                 else:
                     assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"step {i}: {name}"
         after = counts()
-    finally:
-        tch.set_native_cuda_graphs(previous)
+        # The forward alone (inference): launched too, and equal to the training forward's bits.
+        inference_before = counts()
+        with torch.no_grad():
+            for i in range(6):
+                assert torch.equal(norm(x).view(torch.int16), off[0][0].view(torch.int16)), f"inference call {i}"
+        inference_after = counts()
     reasons = [built.path_reason for built in tch.built_graphs(norm._graph)]
     assert reasons and all("launched as a CUDA graph" in reason for reason in reasons), reasons
     assert after["launched"] - before["launched"] >= 2 * 4, (before, after)  # forward and backward, most steps
     assert after["failed"] == before["failed"], (before, after)
-    # The forward alone (inference): launched too, and equal to the training forward's bits.
-    try:
-        tch.set_native_cuda_graphs(True)
-        before = counts()
-        with torch.no_grad():
-            for i in range(6):
-                assert torch.equal(norm(x).view(torch.int16), off[0][0].view(torch.int16)), f"inference call {i}"
-        after = counts()
-    finally:
-        tch.set_native_cuda_graphs(previous)
-    assert after["launched"] - before["launched"] >= 4, (before, after)
+    assert inference_after["launched"] - inference_before["launched"] >= 4, (inference_before, inference_after)
