@@ -46,9 +46,9 @@ def bench_size(batch, m, k, n, calls, rows):
     c = torch.empty(batch, m, n, device="cuda", dtype=torch.float16)
     (first,) = execute(MATMUL, [a, b])
     execute(MATMUL, [a, b])  # the second call hands the plan to the native path
-    tch.set_native_path(False)
+    tch.settings.set_native_path(False)
     (python_path_first,) = execute(MATMUL_PYTHON_PATH, [a, b])
-    tch.set_native_path(True)
+    tch.settings.set_native_path(True)
     for y in (first, python_path_first):
         torch.testing.assert_close(y, torch.bmm(a, b), atol=5e-2, rtol=5e-2)
     for gid in (MATMUL, MATMUL_PYTHON_PATH):
@@ -99,7 +99,7 @@ def main(argv=None):
     rows = []
     bench_size(1, 16, 16, 16, args.calls, rows)
     bench_size(8, 1024, 1024, 1024, max(args.calls // 10, 100), rows)
-    print("\nregistry:", tch.registry_stats())
+    print("\nregistry:", tch.stats.graphs())
     save(rows, args.json)
 
 

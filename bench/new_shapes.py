@@ -16,7 +16,7 @@
    length used once never does).
 3. Two processes sharing a plan store (a fresh directory): the main job's block
    (``TransformerBlock(512, 8)``, bf16, batch 8x256, one training step). Plan obtaining
-   seconds (``registry_stats()["phase_seconds"]`` over ``OBTAIN_PHASES``: cuDNN's build
+   seconds (``stats.graphs()["phase_seconds"]`` over ``OBTAIN_PHASES``: cuDNN's build
    steps in the first, cold process, the store's load in the second, warm one), their
    ratio (goal <= 0.1), the same for all of ``plan_seconds`` (the library's work around
    each graph, the same in both, included), and each one's time from its start to its
@@ -139,7 +139,7 @@ def sdpa_part(steady_calls: int):
 
     candidates = ["library static", "library kernel_cache", *backends]
     results = _interleaved(candidates, LENGTHS, make_call, steady_calls)
-    builds = {f"library {route}": [b for g in (gid, tch.registry._registry.definition(gid).backward_id) for b in tch.built_graphs(g)]
+    builds = {f"library {route}": [b for g in (gid, tch.registry.definition(gid).backward_id) for b in tch.built_graphs(g)]
               for route, gid in graphs.items()}
     return results, builds, lambda built: built.inputs[0].shape[2]  # a graph's length: q's S
 
@@ -192,16 +192,18 @@ def block_process(report_path: str) -> None:
     optimizer.step()
     torch.cuda.synchronize()
     first_step = time.perf_counter() - _STARTED
-    stats = tch.registry_stats()
+    stats = tch.stats.graphs()
+    store = tch.stats.plan_store()
     obtain = sum(stats["phase_seconds"].get(p, 0.0) for p in OBTAIN_PHASES)
-    keys = ("plan_seconds", "phase_seconds", "builds", "routes", "disk_hits", "disk_misses", "disk_writes", "disk_rejected")
+    keys = ("plan_seconds", "phase_seconds", "builds", "routes")
     with open(report_path, "w") as file:
-        json.dump(dict(first_step_s=first_step, obtain_seconds=obtain, **{k: stats[k] for k in keys}), file)
+        json.dump(dict(first_step_s=first_step, obtain_seconds=obtain, **{k: stats[k] for k in keys},
+                       **{f"disk_{k}": store[k] for k in ("hits", "misses", "writes", "rejected")}), file)
 
 
 def processes_part():
     with tempfile.TemporaryDirectory() as directory:
-        environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_CACHE="1", TORCH_CUDNN_HANDLE_CACHE_DIR=os.path.join(directory, "plans"))
+        environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_STORE="1", TORCH_CUDNN_HANDLE_PLAN_STORE_DIR=os.path.join(directory, "plans"))
         environment["PYTHONPATH"] = os.pathsep.join([ROOT, environment.get("PYTHONPATH", "")])
         reports = []
         for i in (1, 2):
@@ -218,18 +220,16 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--hand-over", choices=("build", "second_call"), default="build",
-                        help="when the library hands a plan to its native path (tch.set_native_path's hand_over)")
+                        help="when the library hands a plan to its native path (the native_hand_over setting)")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 3's child: write its report here
     args = parser.parse_args()
     if args.block_process:
         return block_process(args.block_process)
     import torch_cudnn_handle as tch
 
-    tch.set_native_path(True, hand_over=args.hand_over)
-
-    from torch_cudnn_handle.registry import plan_store
-
-    plan_store.set_plan_cache(False)  # parts 1 and 2 measure builds
+    tch.settings.set_native_path(True)
+    tch.settings.set_native_hand_over(args.hand_over)
+    tch.settings.set_plan_store(False)  # parts 1 and 2 measure builds
     median = statistics.median
     figures = {}
     for title, part in (

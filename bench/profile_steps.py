@@ -166,8 +166,7 @@ def all_built() -> Dict[int, Tuple[int, object]]:
     from torch_cudnn_handle import registry
 
     found = {}
-    ids = getattr(getattr(registry, "_registry", None), "_definitions", None)
-    for graph_id in (list(ids) if ids else range(1, 4096)):
+    for graph_id in (definition.graph_id for definition in registry.definitions()):
         for built in tch.built_graphs(graph_id):
             found[id(built)] = (graph_id, built)
     return found
@@ -293,7 +292,7 @@ def section_sdpa(out: Out, args) -> dict:
     forward_id = SDPA_GRAPHS[True]
     backward_id = None
     try:
-        backward_id = registry._registry.definition(forward_id).backward_id
+        backward_id = registry.definition(forward_id).backward_id
     except Exception as error:  # noqa: BLE001
         out.say(f"  backward graph id unavailable: {_reason(error)}")
     with torch.no_grad():
@@ -405,6 +404,7 @@ def section_plans(out: Out, args, sdpa_state: dict) -> None:
 
     import torch_cudnn_handle as tch
     from torch_cudnn_handle import registry
+    from torch_cudnn_handle.registry.describe import describe
     from timing import compare_cuda_ms
 
     out.say("\n## 4. the ranked plans of the library's sdpa graphs (small size): GPU ms per call, CUDA events")
@@ -413,9 +413,9 @@ def section_plans(out: Out, args, sdpa_state: dict) -> None:
         library_plan = getattr(built, "engine", "") or selected_plan_name(built.graph)
         out.say(f"\n  [{graph_id}] {_graph_name(graph_id)}; the library runs: {_short(library_plan, 80)}")
         try:
-            definition = registry._registry.definition(graph_id)
+            definition = registry.definition(graph_id)
             with tch.build_scope(built.device) as handle:
-                graph, inputs, outputs, _ = registry._describe(definition, built.inputs, handle)
+                graph, inputs, outputs, _ = describe(definition, built.inputs, handle)
                 graph.build_operation_graph()
                 graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
                 graph.check_support()
@@ -476,7 +476,7 @@ def section_host_costs(out: Out, args, number: int) -> None:
     w4 = norm.weight.detach()
     with torch.no_grad():
         y4, inv_var = tch.execute(norm._graph, [x4, w4])
-    backward_id = tch.registry._registry.definition(norm._graph).backward_id
+    backward_id = tch.registry.definition(norm._graph).backward_id
     n_rows, k, n = LINEAR_SMALL
     x3 = torch.randn(1, n_rows, k, **bf16)
     weight = torch.randn(n, k, **bf16)
@@ -487,7 +487,7 @@ def section_host_costs(out: Out, args, number: int) -> None:
     q, kk, v = (torch.randn(b, h, sq, d, **bf16) for _ in range(3))
     with torch.no_grad():
         o, lse = tch.execute(SDPA_GRAPHS[True], [q, kk, v])
-    sdpa_backward = tch.registry._registry.definition(SDPA_GRAPHS[True]).backward_id
+    sdpa_backward = tch.registry.definition(SDPA_GRAPHS[True]).backward_id
     cases = [
         ("rmsnorm fwd [4096, 1024]", norm._graph, [x4, w4], lambda: F.rms_norm(x4.view(rows, hidden), (hidden,), norm.weight, 1e-5)),
         ("rmsnorm bwd [4096, 1024]", backward_id, [y4, x4, w4, inv_var],
@@ -611,7 +611,7 @@ def main(argv=None) -> int:
             section_host_costs(out, args, 7)
         if "8" in sections:
             section_module_host_times(out, args, 8)
-        out.say(f"\nregistry: {tch.registry_stats()}; pool: {tch.pool_stats()}")
+        out.say(f"\nregistry: {tch.stats.graphs()}; pool: {tch.stats.pool()}")
         if "4" in sections and not args.no_plans and sdpa_state:
             section_plans(out, args, sdpa_state)
         if args.out:

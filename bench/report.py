@@ -187,7 +187,7 @@ def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
                   f"{ratio:.2f}x | {eager_ratio:.2f}x |", flush=True)
             rows.append(dict(size=size, threads=threads, calls_per_thread=calls_per_thread, op_calls_per_s=rate["cudnn_fe.execute"],
                              eager_calls_per_s=rate["tch.execute"], bmm_calls_per_s=rate["torch.bmm"], ratio=ratio, eager_ratio=eager_ratio))
-        print("pool:", tch.pool_stats())
+        print("pool:", tch.stats.pool())
     return rows
 
 

@@ -86,7 +86,7 @@ def main() -> int:
         # A second call reuses the built graph.
         (again,) = torch.ops.cudnn_fe.execute(graph_id, [q, k, v])
         checker.check(f"{label} o, second call", again, o_ref, DTYPE)
-    print(f"registry: {tch.registry_stats()['engines']}")
+    print(f"registry: {tch.stats.graphs()['engines']}")
     return checker.exit_code()
 
 

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     reference = reference_of(block).float().eval()
     requests = [torch.randn(1, args.seq, dim, dtype=dtype) for _ in range(args.requests)]  # on the host, as a server gets them
     torch.cuda.synchronize()  # the parameters are written before any worker stream reads them
-    print("pool before:", tch.pool_stats())
+    print("pool before:", tch.stats.pool())
 
     local = threading.local()
 
@@ -48,9 +48,9 @@ def main(argv=None) -> int:
 
     with ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="serve") as pool:
         answers = list(pool.map(serve, requests))
-    print("pool after: ", tch.pool_stats())
+    print("pool after: ", tch.stats.pool())
     print(f"{len(requests)} requests served by {len({ident for ident, _ in answers})} worker threads "
-          f"({args.workers} in the pool); graph registry: {tch.registry_stats()}")
+          f"({args.workers} in the pool); graph registry: {tch.stats.graphs()}")
 
     checker = Checker()
     with torch.no_grad():

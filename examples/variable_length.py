@@ -14,7 +14,7 @@ Each step is checked against the same model in float32 torch (``reference_of``) 
 the same parameters (copied from the cuDNN model before the step): the loss within the
 dtype's loss tolerance and every parameter's gradient within the gradient tolerance
 (``_check.py``). Prints a line every 50 steps, then the total build seconds
-(``registry_stats()``: time spent obtaining graphs), where they went by phase, and how
+(``stats.graphs()``: time spent obtaining graphs), where they went by phase, and how
 many graphs each route served (with the plan store on, a second run loads what the first
 built). Exits 1 on a mismatch; prints SKIP and exits 0 without a GPU.
 """
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
           f"{len(lengths)} distinct lengths {min(lengths)}..{max(lengths)}")
 
     checker, loss_failures = Checker(), 0
-    stats_before = tch.registry_stats()
+    stats_before = tch.stats.graphs()
     started = time.perf_counter()
     for step, length in enumerate(lengths, start=1):
         x = torch.randn(args.batch, length, args.dim, device="cuda", dtype=dtype)
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     wall = time.perf_counter() - started
 
-    stats = tch.registry_stats()
+    stats = tch.stats.graphs()
     plan_seconds = stats["plan_seconds"] - stats_before["plan_seconds"]
     phases = {p: s - stats_before["phase_seconds"].get(p, 0.0) for p, s in stats["phase_seconds"].items()}
     routes = {r: n - stats_before["routes"].get(r, 0) for r, n in stats["routes"].items()}

@@ -10,7 +10,7 @@ import torch
 # The suite's graphs are built, not loaded from a plan store an earlier run (or another
 # test's same graph) left behind: tests of built graphs' plans, tuning and routes stay
 # about this run. test_plan_store*.py and test_plan_cache_gpu.py turn it on, per test,
-# in a tmp_path (set_plan_cache, or the variables for a subprocess).
+# in a tmp_path (settings.set_plan_store, or the variables for a subprocess).
 os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,6 +101,17 @@ def run_concurrently(fn, count: int) -> list:
 
 
 @pytest.fixture
+def fresh_settings():
+    """torch_cudnn_handle.settings with every value set() back to the environment and
+    defaults after the test."""
+    from torch_cudnn_handle import settings
+
+    settings.reset()
+    yield settings
+    settings.reset()
+
+
+@pytest.fixture
 def fresh_dynamo():
     """torch._dynamo reset before and after the test: no frame compiled by another test
     counts or is reused (a module takes it with ``pytest.mark.usefixtures``)."""
@@ -133,20 +144,35 @@ def python_backward_calls():
     """Records the graph id of every backward that reaches Python (a backward function,
     or a declared backward graph no native plan serves yet); a declared backward that a
     native plan serves runs in C++ and is not recorded."""
-    from torch_cudnn_handle import _C, op
+    from torch_cudnn_handle.op import backward as op_backward
 
     calls = []
 
     def recording(graph, grad_outputs, inputs, outputs):
         calls.append(graph)
-        return op._backward(graph, grad_outputs, inputs, outputs)
+        return op_backward.backward(graph, grad_outputs, inputs, outputs)
 
     def recording_declared(graph, operands, num_inputs):
         calls.append(graph)
-        return op._run_declared_backward(graph, operands, num_inputs)
+        return op_backward.run_declared_backward(graph, operands, num_inputs)
 
-    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, recording, recording_declared)
-    try:
+    with python_kernels(backward=recording, run_declared_backward=recording_declared):
         yield calls
+
+
+@contextlib.contextmanager
+def python_kernels(**replacements):
+    """The op's Python kernels (op/python_path.py, op/backward.py) with some replaced for the
+    duration: ``execute``, ``execute_out``, ``execute_in_place``, ``backward``,
+    ``run_declared_backward``; the originals are put back after."""
+    from torch_cudnn_handle import _C
+    from torch_cudnn_handle.op import backward as op_backward, python_path
+
+    kernels = dict(execute=python_path.execute, execute_out=python_path.execute_out, execute_in_place=python_path.execute_in_place,
+                   backward=op_backward.backward, run_declared_backward=op_backward.run_declared_backward)
+    order = ("execute", "execute_out", "execute_in_place", "backward", "run_declared_backward")
+    _C._set_python_kernels(*(replacements.get(name, kernels[name]) for name in order))
+    try:
+        yield kernels
     finally:
-        _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, op._backward, op._run_declared_backward)
+        _C._set_python_kernels(*(kernels[name] for name in order))

@@ -80,8 +80,8 @@ def main(detail: bool) -> int:
     results, checks = {}, []
     if detail:
         step("handle (cudnnCreate)", lambda: tch.current_handle(0) and None, results, checks)
-        key = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in (x, w, b))  # op.py's key
-        step("build + native registration", lambda: tch.registry._registry.built_graph(gid, 0, [x, w, b], key) and None, results, checks)
+        key = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in (x, w, b))  # op/python_path.py's key
+        step("build + native registration", lambda: tch.registry.built_for(gid, 0, [x, w, b], key, False) and None, results, checks)
         step("first launch (native)", lambda: torch.ops.cudnn_fe.execute(gid, [x, w, b])[0], results, checks)
     else:
         step("first call (native)", lambda: torch.ops.cudnn_fe.execute(gid, [x, w, b])[0], results, checks)
@@ -89,10 +89,10 @@ def main(detail: bool) -> int:
     step("tch.execute", lambda: tch.execute(gid, [x, w, b])[0], results, checks)
     out = torch.empty_like(reference, dtype=x.dtype)
     step("execute.out", lambda: tch.execute_out(gid, [x, w, b], out=[out]) or out, results, checks)
-    tch.set_native_path(False)
+    tch.settings.set_native_path(False)
     step("first call (Python path)", lambda: torch.ops.cudnn_fe.execute(python_gid, [x, w, b])[0], results, checks)
     step("second call (Python path)", lambda: torch.ops.cudnn_fe.execute(python_gid, [x, w, b])[0], results, checks)
-    tch.set_native_path(True)
+    tch.settings.set_native_path(True)
     trained = []
     leaves = [[t.detach().requires_grad_() for t in linear_inputs(2, 64, 32, 16, seed=3)] for _ in range(2)]
     torch.cuda.synchronize()

@@ -78,7 +78,7 @@ def test_a_graph_without_backward_says_so_at_backward_time():
 
 def test_cache_capacity_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
-        tch.set_cache_capacity(0)
+        tch.settings.set_graph_cache_capacity(0)
 
 
 def test_an_empty_input_list_is_named():

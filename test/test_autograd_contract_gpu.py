@@ -102,7 +102,7 @@ def test_deterministic_mode_builds_deterministic_plans_and_repeats_bitwise():
             assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
     finally:
         torch.use_deterministic_algorithms(previous)
-    backward_id = tch.registry._registry.definition(SDPA_GRAPHS[True]).backward_id
+    backward_id = tch.registry.definition(SDPA_GRAPHS[True]).backward_id
     built = [b for b in tch.built_graphs(backward_id) if b.deterministic]
     assert built, "no deterministic build of the sdpa backward"
     assert any(b.native for b in built)

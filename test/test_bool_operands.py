@@ -1,11 +1,11 @@
 """torch.bool operands as cuDNN takes them (Note [Bit-packed booleans] in
-torch_cudnn_handle/bool_operands.py): the packing's bit order and placement, on CPU
+torch_cudnn_handle/op/bool_operands.py): the packing's bit order and placement, on CPU
 tensors (the same torch ops run on the GPU)."""
 
 import pytest
 import torch
 
-from torch_cudnn_handle import bool_operands
+from torch_cudnn_handle.op import bool_operands
 
 
 def layouts():

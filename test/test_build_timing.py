@@ -8,7 +8,8 @@ import pytest
 
 from torch_cudnn_handle.registry.build import BuiltGraph
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES, LIBRARY_PHASES, OBTAIN_PHASES, PHASES, PhaseClock
-from torch_cudnn_handle.registry.cache import GraphRegistry
+from torch_cudnn_handle.registry.definition import Definitions
+from torch_cudnn_handle.registry.graph_cache import GraphCache
 from torch_cudnn_handle.registry.specs import GraphLayout
 
 
@@ -42,7 +43,7 @@ def built_graph(phase_seconds):
 
 
 def test_the_first_execution_is_recorded_once_per_built_graph_and_summed():
-    registry = GraphRegistry()
+    registry = GraphCache(Definitions())
     built = built_graph({"describe": 0.001, "plan": 0.002})
     registry.record_first_execution(built, 0.005)
     registry.record_first_execution(built, 0.5)  # a later launch is no first execution
@@ -52,7 +53,7 @@ def test_the_first_execution_is_recorded_once_per_built_graph_and_summed():
 
 
 def test_a_registered_built_graph_has_no_build_to_time():
-    registry = GraphRegistry()
+    registry = GraphCache(Definitions())
     built = built_graph(None)
     registry.record_first_execution(built, 0.005)
     assert built.phase_seconds is None and registry.stats()["phase_seconds"] == {}

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from conftest import requires_cuda
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
-from torch_cudnn_handle.registry import _registry, plan_store
+from torch_cudnn_handle import registry, settings
+from torch_cudnn_handle.registry.describe import described_layout
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 
 pytestmark = requires_cuda
@@ -23,8 +23,12 @@ pytestmark = requires_cuda
 BUILT = {"operation_graph", "heuristics", "support", "plan"}
 
 
+def native_enabled() -> bool:
+    return tch.with_cuda and settings.get("native_path")
+
+
 def handed_over_at_build() -> bool:
-    return _registry.native_enabled and _registry.native_hand_over == "build"
+    return native_enabled() and settings.get("native_hand_over") == "build"
 
 
 def library_phases(*more):
@@ -62,31 +66,31 @@ def assert_sums(built):
 
 
 def test_a_static_build_records_cudnn_steps_the_library_share_and_the_first_execution():
-    before = tch.registry_stats()["phase_seconds"]
+    before = tch.stats.graphs()["phase_seconds"]
     graph_id = tch.register_graph(linear_forward, name=f"timing_static_{uuid.uuid4().hex[:8]}", activation="gelu")
     run_linear(graph_id, 200)
     built = only_build(graph_id)
     assert built.route == "static"
     assert set(built.phase_seconds) == BUILT | library_phases()  # store off: no key, load or store
     assert_sums(built)
-    after = tch.registry_stats()["phase_seconds"]
+    after = tch.stats.graphs()["phase_seconds"]
     for phase, seconds in built.phase_seconds.items():
         assert after[phase] - before.get(phase, 0.0) >= seconds * 0.999
     build_seconds, first_execution = built.build_seconds, built.phase_seconds["first_execution"]
     run_linear(graph_id, 200)  # a later call is no first execution; the second hands the plan over
     assert only_build(graph_id).phase_seconds["first_execution"] == first_execution
-    if _registry.native_enabled and not handed_over_at_build():
+    if native_enabled() and not handed_over_at_build():
         assert set(built.phase_seconds) == BUILT | library_phases("native_hand_over") and built.native, built.path_reason
         assert built.build_seconds == build_seconds  # the hand-over is no part of the first call
-        handed = tch.registry_stats()["phase_seconds"]["native_hand_over"] - after.get("native_hand_over", 0.0)
+        handed = tch.stats.graphs()["phase_seconds"]["native_hand_over"] - after.get("native_hand_over", 0.0)
         assert handed >= built.phase_seconds["native_hand_over"] * 0.999 > 0
     run_linear(graph_id, 200)  # natively: nothing more to record
     assert set(built.phase_seconds) == BUILT | library_phases(*(["native_hand_over"] if built.native and not handed_over_at_build() else []))
 
 
-def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_store, "_process_enabled", True)
-    monkeypatch.setattr(plan_store, "_process_directory", str(tmp_path / "plans"))
+def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, fresh_settings):
+    settings.set_plan_store(True)
+    settings.set_plan_store_dir(tmp_path / "plans")
     name = f"timing_stored_{uuid.uuid4().hex[:8]}"
     first = tch.register_graph(linear_forward, name=name, activation="gelu")
     expected = run_linear(first, 72)
@@ -97,15 +101,15 @@ def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, monkeypatch):
     again = tch.register_graph(linear_forward, name=name, activation="gelu")  # same key: loaded, not built
     actual = run_linear(again, 72)
     loaded = only_build(again)
-    assert loaded.route == "disk_cache"
+    assert loaded.route == "plan_store"
     assert set(loaded.phase_seconds) == library_phases("key", "load") - {"serialize"}  # the stored blob is the native hand-over's
     assert_sums(loaded)
     for a, e in zip(actual, expected):
         assert torch.equal(a, e)
 
 
-def test_a_tuned_build_records_its_candidate_timing(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_tuning, "_process_cache_file", str(tmp_path / "tuning.json"))
+def test_a_tuned_build_records_its_candidate_timing(tmp_path, fresh_settings):
+    settings.set_tuning_file(tmp_path / "tuning.json")
     graph_id = tch.register_graph(linear_forward, name=f"timing_tuned_{uuid.uuid4().hex[:8]}", activation="gelu", tune=True)
     run_linear(graph_id, 136)
     built = only_build(graph_id)
@@ -117,13 +121,14 @@ def test_a_new_lengths_first_backward_is_built_without_a_second_description():
     graph_id = tch.register_graph(
         sdpa_forward, name=f"timing_sdpa_{uuid.uuid4().hex[:8]}", backward=sdpa_backward, backward_operands=_BACKWARD_OPERANDS, causal=True,
     )
-    backward_id = _registry.definition(graph_id).backward_id
+    backward_id = registry.definition(graph_id).backward_id
+    descriptions = described_layout.cache_info().misses
     generator = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16, generator=generator, requires_grad=True) for _ in range(3))
     d_o = torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
     o = tch.execute(graph_id, [q, k, v])[0]
     grads = torch.autograd.grad(o, (q, k, v), d_o)
-    assert not [key for key in _registry._layouts if key[0] == backward_id], "the backward graph was described beside its build"
+    assert described_layout.cache_info().misses == descriptions, "the backward graph was described beside its build"
     built = only_build(backward_id)
     assert set(built.phase_seconds) == BUILT | library_phases()
     reference = [t.detach().float().requires_grad_() for t in (q, k, v)]

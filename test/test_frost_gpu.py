@@ -226,7 +226,7 @@ def test_the_op_runs_a_frost_graph_and_matches_torch(frost_sdpa, device):
         (output,) = execute(frost_sdpa.graph_id, inputs)
     (built,) = assert_served_by_frost(frost_sdpa.graph_id, device)
     assert built.device == device and built.inputs[0].shape == SHAPE
-    assert any(engine.startswith("frost:") for engine in tch.registry_stats()["engines"]), tch.registry_stats()["engines"]
+    assert any(engine.startswith("frost:") for engine in tch.stats.graphs()["engines"]), tch.stats.graphs()["engines"]
     print(f"\ncuda:{device}: engine {built.engine} ({built.path_reason}), workspace {built.workspace_size} bytes")
     assert_matches_torch(output, *inputs, what=f"cuda:{device}")
 
@@ -316,7 +316,7 @@ def test_eight_threads_racing_a_first_call_build_it_once():
     graph_id = tch.register_graph(causal_sdpa_inference, name="frost_sdpa_race")  # nothing built yet
     inputs = sdpa_inputs(0, seed=40)
     torch.cuda.synchronize()
-    before = tch.registry_stats()["builds"]
+    before = tch.stats.graphs()["builds"]
 
     def call(_):
         (output,) = execute(graph_id, inputs)
@@ -324,7 +324,7 @@ def test_eight_threads_racing_a_first_call_build_it_once():
         return output
 
     results = run_concurrently(call, 8)
-    assert tch.registry_stats()["builds"] - before == 1
+    assert tch.stats.graphs()["builds"] - before == 1
     assert_served_by_frost(graph_id, 0)
     for i, output in enumerate(results):
         assert_matches_torch(output, *inputs, what=f"thread {i}")
@@ -344,9 +344,9 @@ def test_compiled_fullgraph_matches_eager(frost_sdpa):
     inputs = sdpa_inputs(0, seed=50)
     eager = attention_epilogue(*inputs)
     torch._dynamo.reset()
-    builds = tch.registry_stats()["builds"]
+    builds = tch.stats.graphs()["builds"]
     compiled = torch.compile(attention_epilogue, fullgraph=True)(*inputs)
-    print(f"\ncompiled call: {tch.registry_stats()['builds'] - builds} new builds")
+    print(f"\ncompiled call: {tch.stats.graphs()['builds'] - builds} new builds")
     torch.testing.assert_close(compiled, eager, atol=1e-2, rtol=1e-2)
     assert_matches_torch(((compiled - 1.0) / 2.0).to(DTYPE), *inputs, what="compiled")
 
@@ -441,18 +441,18 @@ def test_a_captured_frost_call_survives_eviction():
     except RuntimeError as error:
         pytest.skip(f"a frost plan cannot be captured here, so nothing to evict under capture: {' <- '.join(exception_messages(error))}")
     assert_served_by_frost(graph_id, 0)
-    stats = tch.registry_stats()
+    stats = tch.stats.graphs()
     try:
-        tch.set_cache_capacity(1)
+        tch.settings.set_graph_cache_capacity(1)
         for m in (16, 32, 48):  # other layouts through the op: each build evicts the least recently used
             a = torch.randn(1, m, 16, device="cuda", dtype=torch.float16)
             b = torch.randn(1, 16, 16, device="cuda", dtype=torch.float16)
             torch.testing.assert_close(execute(MATMUL, [a, b])[0], torch.bmm(a, b), atol=2e-2, rtol=2e-2)
         assert tch.built_graphs(graph_id) == [], "the frost graph is still cached"
-        assert tch.registry_stats()["evictions"] > stats["evictions"]
+        assert tch.stats.graphs()["evictions"] > stats["evictions"]
         replay_with(cuda_graph, static, captured, (91, 92), "captured frost call after its graph was evicted")
     finally:
-        tch.set_cache_capacity(stats["capacity"])
+        tch.settings.set_graph_cache_capacity(stats["capacity"])
     del cuda_graph, captured
     torch.cuda.synchronize()
     # The next call builds it again and is still right.

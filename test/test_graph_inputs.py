@@ -18,9 +18,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
 from graph_inputs import CONV, FP8_MATMUL, INT8_CONV, RELU_TO_HALF, RMSNORM, nhwc, nhwc_strides, rmsnorm_with_epsilon
-from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
+from torch_cudnn_handle import registry
+from torch_cudnn_handle.registry import TensorSpec
+from torch_cudnn_handle.registry.describe import describe as describe_definition
 from torch_cudnn_handle.registry.output_strides import dense_strides, stride_order_of
-from torch_cudnn_handle.registry.specs import _TORCH_DTYPES, cudnn_data_type_of
+from torch_cudnn_handle.registry.specs import TORCH_DTYPES, cudnn_data_type_of
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -33,7 +35,7 @@ def spec(shape, dtype, *, stride=None, host=False):
 
 
 def describe(graph_id, specs):
-    return _describe(_registry.definition(graph_id), specs)
+    return describe_definition(registry.definition(graph_id), specs)
 
 
 def rmsnorm_specs():
@@ -97,7 +99,7 @@ def test_another_scalar_value_is_neither_another_trace_nor_another_description()
 def test_a_cpu_tensor_that_is_not_a_scalar_is_refused_naming_it_and_the_rule():
     x = torch.empty(4, 64, 1, 1, dtype=torch.float16, device="meta")
     scale = torch.empty(1, 64, 1, 1, dtype=torch.float32, device="meta")
-    rule = r"input 2 is on cpu with 4 elements, and a CPU input must be a host scalar \(a 0-dim or one-element CPU tensor"
+    rule = r"input 2 of graph 'rmsnorm_eps' is on cpu with 4 elements, and a CPU input must be a host scalar \(a 0-dim or one-element CPU tensor"
     with pytest.raises(ValueError, match=rule):
         torch.ops.cudnn_fe.execute(RMSNORM, [x, scale, torch.zeros(4)])
     with pytest.raises(ValueError, match=r"input 0 of graph 'rmsnorm_eps' is on cpu with 256 elements.*host scalar.*\.to\('cuda:N'\)"):
@@ -106,7 +108,7 @@ def test_a_cpu_tensor_that_is_not_a_scalar_is_refused_naming_it_and_the_rule():
         fx = torch.empty(4, 64, 1, 1, dtype=torch.float16, device="cuda")
         fscale = torch.empty(1, 64, 1, 1, dtype=torch.float32, device="cuda")
         not_a_scalar = torch.zeros(2)
-    with pytest.raises(Exception, match="input 2 is on cpu with 2 elements"):
+    with pytest.raises(Exception, match="input 2 of graph 'rmsnorm_eps' is on cpu with 2 elements"):
         torch.compile(rmsnorm_call, backend="aot_eager", fullgraph=True)(fx, fscale, not_a_scalar)
 
 
@@ -121,10 +123,10 @@ def test_only_host_scalars_is_refused_with_the_fix():
 
 def test_the_dtypes_a_graph_takes_are_the_frontends():
     for dtype in [*FP8, torch.float8_e8m0fnu, torch.int8, torch.bfloat16]:
-        assert dtype in _TORCH_DTYPES
+        assert dtype in TORCH_DTYPES
     assert cudnn_data_type_of(torch.float8_e8m0fnu) == cudnn.data_type.FP8_E8M0
-    assert torch.float4_e2m1fn_x2 not in _TORCH_DTYPES  # packed pairs: its shape is not the graph's
-    assert torch.complex64 not in _TORCH_DTYPES
+    assert torch.float4_e2m1fn_x2 not in TORCH_DTYPES  # packed pairs: its shape is not the graph's
+    assert torch.complex64 not in TORCH_DTYPES
 
 
 @pytest.mark.parametrize("fp8", FP8)
@@ -175,7 +177,7 @@ def test_a_graph_on_tensors_of_fewer_than_3_dims_is_refused_with_the_fix():
 
 
 def test_the_graph_types_are_the_authors_in_either_spelling():
-    definition = _registry.definition(INT8_CONV)
+    definition = registry.definition(INT8_CONV)
     assert (definition.data_types.intermediate, definition.data_types.compute) == (cudnn.data_type.INT32, cudnn.data_type.INT32)
     seen = {}
 

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 import torch_cudnn_handle as tch
 from conftest import frontend_outputs_of, requires_cuda
 from graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc_strides
-from torch_cudnn_handle.registry import TensorSpec, _registry
-from torch_cudnn_handle.registry.build import _differs_in_memory
+from torch_cudnn_handle import registry
+from torch_cudnn_handle.registry import TensorSpec
+from torch_cudnn_handle.registry.build import differs_in_memory
 
 pytestmark = [requires_cuda, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -45,9 +46,9 @@ def run_or_skip(graph_id, inputs):
     except cudnn.cudnnGraphNotSupportedError as error:  # the frontend's own refusal of a graph (its type for it)
         pytest.skip(f"cuDNN {cudnn.backend_version()} refuses this graph on {torch.cuda.get_device_name()}: {error}")
     built = built_for(graph_id, inputs)
-    described = _registry.layout(graph_id, built.inputs).outputs
+    described = registry.layout(graph_id, built.inputs).outputs
     for i, (expected, written) in enumerate(zip(described, built.layout.outputs)):
-        assert not _differs_in_memory(expected, written), f"output {i}: described {expected.describe()}, built {written.describe()}"
+        assert not differs_in_memory(expected, written), f"output {i}: described {expected.describe()}, built {written.describe()}"
     return outputs
 
 
@@ -77,10 +78,10 @@ def test_rmsnorm_with_a_host_scalar_epsilon_everywhere_on_one_native_build(epsil
     (y_small,) = run_or_skip(RMSNORM, [x, scale, small])
     built = built_for(RMSNORM, [x, scale, small])
     assert built.native or built.native_pending, built.path_reason  # natively, or from the second call (hand_over="second_call")
-    builds = tch.registry_stats()["builds"]
+    builds = tch.stats.graphs()["builds"]
     (y_large,) = torch.ops.cudnn_fe.execute(RMSNORM, [x, scale, large])  # natively
     assert built.native, built.path_reason
-    assert tch.registry_stats()["builds"] == builds  # the value is bound per call, never a build
+    assert tch.stats.graphs()["builds"] == builds  # the value is bound per call, never a build
     torch.testing.assert_close(y_small, rmsnorm_reference(x, scale, 1e-5), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(y_large, rmsnorm_reference(x, scale, 4.0), atol=2e-2, rtol=2e-2)
     for epsilon, y in ((small, y_small), (large, y_large)):

@@ -21,9 +21,9 @@ TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 @pytest.fixture
 def restore_capacity():
-    capacity = tch.registry_stats()["capacity"]
+    capacity = tch.stats.graphs()["capacity"]
     yield
-    tch.set_cache_capacity(capacity)
+    tch.settings.set_graph_cache_capacity(capacity)
 
 
 def half(*shape, seed=0):
@@ -42,15 +42,15 @@ CAPTURE_CASES = {
 @pytest.mark.parametrize("case", sorted(CAPTURE_CASES))
 def test_a_captured_call_outlives_the_eviction_of_its_plan(case, restore_capacity):
     graph_id, make, reference, needs_workspace = CAPTURE_CASES[case]
-    gid = tch.register_graph(tch.registry._registry.definition(graph_id).builder, name=f"captured_{case}")
+    gid = tch.register_graph(tch.registry.definition(graph_id).builder, name=f"captured_{case}")
     python_path = needs_workspace is None
-    tch.set_native_path(not python_path)
+    tch.settings.set_native_path(not python_path)
     try:
         static = make(1)
         for _ in range(2):  # warm-up: built (and this thread has its handle), then handed to the native path
             torch.ops.cudnn_fe.execute(gid, static)
     finally:
-        tch.set_native_path(True)
+        tch.settings.set_native_path(True)
     (built,) = tch.built_graphs(gid)
     assert built.native == (not python_path), built.path_reason
     if not python_path:
@@ -61,7 +61,7 @@ def test_a_captured_call_outlives_the_eviction_of_its_plan(case, restore_capacit
     with torch.cuda.graph(cuda_graph):
         (captured,) = torch.ops.cudnn_fe.execute(gid, static)
     # Evict it: a cache of one, and other layouts of the same graph pushed through.
-    tch.set_cache_capacity(1)
+    tch.settings.set_graph_cache_capacity(1)
     for n in (2, 3, 4):  # a larger batch dimension is a new layout for every case
         torch.ops.cudnn_fe.execute(gid, [t.repeat(n, *[1] * (t.dim() - 1)) for t in make(n)])
     assert all(b is not built for b in tch.built_graphs(gid)), "the captured plan was not evicted"
@@ -102,11 +102,11 @@ def test_native_calls_keep_their_plan_hot(restore_capacity):
     time.sleep(0.01)
     for _ in range(10):  # native calls only: they never pass through the registry's Python
         torch.ops.cudnn_fe.execute(gid, hot)
-    builds = tch.registry_stats()["builds"]
-    tch.set_cache_capacity(1)  # keeps the one used last, across both paths
+    builds = tch.stats.graphs()["builds"]
+    tch.settings.set_graph_cache_capacity(1)  # keeps the one used last, across both paths
     assert [b.inputs[0].shape for b in tch.built_graphs(gid)] == [(1, 16, 16)]
     torch.testing.assert_close(torch.ops.cudnn_fe.execute(gid, hot)[0], torch.bmm(*hot), **TOLERANCE)
-    assert tch.registry_stats()["builds"] == builds
+    assert tch.stats.graphs()["builds"] == builds
 
 
 # ---------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def offset_view(tensor: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("which", ["input 0", "input 1", "out"])
 def test_a_misaligned_view_runs_correctly(which, native):
     gid = tch.register_graph(matmul, name=f"misaligned_{which}_{native}")
-    tch.set_native_path(native)
+    tch.settings.set_native_path(native)
     try:
         x, w = half(1, 16, 16, seed=13), half(1, 16, 16, seed=14)
         torch.ops.cudnn_fe.execute(gid, [x, w])  # built for aligned operands
@@ -181,7 +181,7 @@ def test_a_misaligned_view_runs_correctly(which, native):
         torch.testing.assert_close(torch.ops.cudnn_fe.execute(gid, [x, w])[0], expected, **TOLERANCE)
         assert tch.built_graphs(gid)[0].native == native
     finally:
-        tch.set_native_path(True)
+        tch.settings.set_native_path(True)
 
 
 # ---------------------------------------------------------------------------------
@@ -190,21 +190,21 @@ def test_a_misaligned_view_runs_correctly(which, native):
 
 def test_a_failed_native_registration_falls_back_once_with_its_reason(monkeypatch):
     from torch_cudnn_handle import native
-    from torch_cudnn_handle.registry import build
+    from torch_cudnn_handle.native import binding
 
     def corrupted(graph, uids, serialized=None):
         spec, why = native.backend_plan_of(graph, uids, serialized)
         return (None, why) if spec is None else (native.NativePlanSpec("{not a plan"), why)
 
-    monkeypatch.setattr(build, "backend_plan_of", corrupted)  # where _build looks it up
+    monkeypatch.setattr(binding, "backend_plan_of", corrupted)  # where the hand-over looks it up
     gid = tch.register_graph(linear_relu, name="failed_native")
     inputs = linear_inputs(seed=15)
-    builds = tch.registry_stats()["builds"]
+    builds = tch.stats.graphs()["builds"]
     for _ in range(3):
         torch.testing.assert_close(torch.ops.cudnn_fe.execute(gid, inputs)[0], linear_relu_reference(*inputs), **TOLERANCE)
     (built,) = tch.built_graphs(gid)
     assert not built.native and built.path_reason.startswith("native registration failed"), built.path_reason
-    assert tch.registry_stats()["builds"] == builds + 1
+    assert tch.stats.graphs()["builds"] == builds + 1
 
 
 def exercise_every_registered_graph(dtype):
@@ -230,7 +230,7 @@ def exercise_every_registered_graph(dtype):
 def test_fake_layouts_equal_what_the_gpu_writes_for_every_registered_graph(dtype):
     exercise_every_registered_graph(dtype)
     checked = 0
-    for definition in list(tch.registry._registry._definitions.values()):
+    for definition in tch.registry.definitions():
         if definition.builder is None or not definition.name.startswith("nn_"):
             continue
         for built in tch.built_graphs(definition.graph_id):

@@ -30,7 +30,7 @@ def test_a_handle_for_another_device_leaves_the_callers_context():
         assert _C.current_context_device() == 0 and torch.cuda.current_device() == 0
     assert y.device == torch.device("cuda", 1)
     torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
-    devices = tch.pool_stats()["devices"]
+    devices = tch.stats.pool()["devices"]
     assert devices[0]["created"] >= 1 and devices[1]["created"] >= 1
 
 

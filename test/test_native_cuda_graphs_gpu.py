@@ -45,11 +45,11 @@ def captured_matmul(graph, a, b):
 @contextlib.contextmanager
 def graph_launch(enabled: bool):
     """The native path's graph launch switched on or off, restored after; yields the previous setting."""
-    previous = tch.set_native_cuda_graphs(enabled)
+    previous = tch.settings.set_native_cuda_graphs(enabled)
     try:
         yield previous
     finally:
-        tch.set_native_cuda_graphs(previous)
+        tch.settings.set_native_cuda_graphs(previous)
 
 
 # builder, what path_reason says of how its graphs are made, the count that grows
@@ -89,7 +89,7 @@ def frontend_output(built, a, b):
 
 def counts():
     torch.cuda.synchronize()
-    stats = tch.native_cuda_graph_stats()
+    stats = tch.stats.native_cuda_graphs()
     return dict(stats, made=stats["populated"] + stats["captured"])
 
 
@@ -132,7 +132,7 @@ def test_graph_launch_switched_off_gives_the_same_bits_and_launches_nothing(matm
     graph, a, b, built, _ = matmul
     on = [tch.execute(graph, [a, b])[0] for _ in range(3)]
     with graph_launch(False) as previous:
-        assert previous is True and tch.native_cuda_graph_stats()["enabled"] is False
+        assert previous is True and tch.stats.native_cuda_graphs()["enabled"] is False
         before = counts()
         off = [tch.execute(graph, [a, b])[0] for _ in range(3)]
         assert counts()["launched"] == before["launched"] and counts()["made"] == before["made"]
@@ -209,15 +209,15 @@ def test_forgetting_a_plan_destroys_its_graphs():
         pytest.skip(tch.built_graphs(graph)[0].path_reason)
     kept = counts()["kept"]
     assert kept >= 1
-    capacity = tch.registry_stats()["capacity"]
-    tch.set_cache_capacity(1)  # evicts every built graph but the newest
+    capacity = tch.stats.graphs()["capacity"]
+    tch.settings.set_graph_cache_capacity(1)  # evicts every built graph but the newest
     try:
         other = tch.register_graph(plain_matmul, name="evicts_the_graph_capable_one")
         tch.execute(other, [a, b])
         assert not tch.built_graphs(graph)
         assert counts()["kept"] < kept
     finally:
-        tch.set_cache_capacity(capacity)
+        tch.settings.set_graph_cache_capacity(capacity)
 
 
 def test_graphs_of_different_plans_launched_in_turn_each_read_only_their_own_operands():

@@ -160,6 +160,6 @@ def test_anything_else_keeps_the_python_path_and_says_why(changes, reason):
 
 
 @pytest.mark.skipif(tch.with_cuda, reason="the CPU build's behaviour")
-def test_without_cuda_graph_launch_stays_off():
-    assert tch.set_native_cuda_graphs(True) is False
-    assert tch.native_cuda_graph_stats() == dict(populated=0, captured=0, launched=0, failed=0, kept=0, enabled=False)
+def test_without_cuda_graph_launch_stays_off(fresh_settings):
+    assert tch.settings.set_native_cuda_graphs(True) is True  # the setting's previous value (on by default)
+    assert tch.stats.native_cuda_graphs() == dict(populated=0, captured=0, launched=0, failed=0, kept=0, enabled=False)

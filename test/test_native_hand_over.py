@@ -1,91 +1,62 @@
-"""The native hand-over's rule in the registry, without a GPU (registry/cache.py): a
-pending graph is handed over by one thread however many claim it, the result and its
-seconds are published once, and a graph evicted meanwhile stays on the Python path. The
-hand-over itself (serialize, register, the call running natively) is
-test_native_hand_over_gpu.py's."""
+"""The native hand-over's state machine without a GPU (native/binding.py, Note [The native
+hand-over]): a pending graph is handed over by one thread however many claim it, the
+result is published once, a graph evicted meanwhile stays on the Python path, and the
+settings say when. The hand-over itself (serialize, register, the call running natively)
+is test_native_hand_over_gpu.py's."""
 
 import pytest
 
 import torch_cudnn_handle as tch
 from conftest import run_concurrently
-from torch_cudnn_handle.registry import _registry
-from torch_cudnn_handle.registry.build import NATIVE_PENDING_REASON, BuiltGraph
-from torch_cudnn_handle.registry.cache import GraphRegistry, hand_over_when
-from torch_cudnn_handle.registry.specs import GraphLayout
-
-KEY = (1, 0, ((4, 8), (8, 1)), False)
+from torch_cudnn_handle.native import HandOverSource, NativeBinding
+from torch_cudnn_handle.native.binding import PENDING_REASON
 
 
-def pending_graph() -> BuiltGraph:
-    return BuiltGraph(
-        graph=None, device=0, inputs=(), layout=GraphLayout((), ()), uids=(), workspace_size=0, path_reason=NATIVE_PENDING_REASON,
-        native_pending=True, build_seconds=0.02, phase_seconds={"plan": 0.02, "first_execution": 0.001},
-    )
-
-
-def cached(registry: GraphRegistry, built: BuiltGraph) -> BuiltGraph:
-    registry._built[KEY] = built  # as _build_once caches a build
-    registry._used_ns[KEY] = 0
-    return built
+def pending_binding() -> NativeBinding:
+    source = HandOverSource(graph=None, graph_id=1, device=0, inputs=(), outputs=(), output_positions=(), uids=(), deterministic=False)
+    return NativeBinding("pending", PENDING_REASON, source)
 
 
 def test_eight_threads_claiming_at_once_hand_over_once():
-    registry = GraphRegistry()
-    built = cached(registry, pending_graph())
-    claims = run_concurrently(lambda _: registry.claim_hand_over(KEY, built), 8)
+    binding = pending_binding()
+    claims = run_concurrently(lambda _: binding.claim(), 8)
     assert sorted(claims) == [False] * 7 + [True]
-    assert built.native_pending  # claimed, not yet handed over: calls meanwhile run on the Python path
-    registry.finish_hand_over(KEY, built, (False, 0, "not serializable (RuntimeError: why)"), {"native_hand_over": 0.004})
-    assert (built.native, built.native_pending, built.native_serial) == (False, False, 0)
-    assert built.path_reason == "not serializable (RuntimeError: why)"
-    assert not registry.claim_hand_over(KEY, built)  # once: a later call finds nothing pending
-    stats = registry.stats()
-    assert (stats["hand_overs"], stats["native_pending"], stats["python_path"]) == (1, 0, 1)
-
-
-def test_the_hand_over_is_timed_apart_from_the_build():
-    registry = GraphRegistry()
-    built = cached(registry, pending_graph())
-    assert registry.stats()["native_pending"] == 1
-    assert registry.claim_hand_over(KEY, built)
-    registry.finish_hand_over(KEY, built, (False, 0, "why"), {"native_hand_over": 0.004})
-    assert built.phase_seconds == {"plan": 0.02, "first_execution": 0.001, "native_hand_over": 0.004}
-    assert built.build_seconds == 0.02  # the first call's: the hand-over is no part of it
-    assert registry.stats()["phase_seconds"] == {"native_hand_over": 0.004}
+    assert binding.pending  # claimed, not yet handed over: calls meanwhile run on the Python path
+    binding.finish(False, 0, "not serializable (RuntimeError: why)")
+    assert (binding.state, binding.serial) == ("python", 0)
+    assert binding.reason == "not serializable (RuntimeError: why)"
+    assert not binding.claim()  # once: a later call finds nothing pending
 
 
 def test_a_graph_evicted_while_handed_over_stays_on_the_python_path():
-    registry = GraphRegistry()
-    built = cached(registry, pending_graph())
-    assert registry.claim_hand_over(KEY, built)
-    registry.drop_built()  # evicted (or dropped) by another thread meanwhile
-    registry.finish_hand_over(KEY, built, (False, 0, "backend plan, run from C++"), {"native_hand_over": 0.004})
-    assert not built.native and not built.native_pending
-    assert built.path_reason.startswith("evicted from the cache while it was handed to the native path"), built.path_reason
+    binding = pending_binding()
+    assert binding.claim()
+    binding.on_evict()  # evicted by another thread meanwhile
+    assert binding.pending  # the hand-over in flight decides
+    binding.finish(False, 0, "backend plan, run from C++")
+    assert not binding.native and not binding.pending
+    assert binding.reason.startswith("evicted from the graph cache while it was handed to the native path"), binding.reason
 
 
-def test_when_to_hand_over_is_one_of_two_and_a_typo_says_so():
-    assert hand_over_when("second_call") == "second_call" and hand_over_when("build") == "build"
-    with pytest.raises(ValueError, match="'build'.*'second_call', got 'first_call'.*TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER"):
-        hand_over_when("first_call")
-    saved = (_registry.native_enabled, _registry.native_hand_over)
-    try:
-        with pytest.raises(ValueError, match="got 'later'"):
-            tch.set_native_path(True, hand_over="later")
-        assert _registry.native_hand_over == saved[1]  # refused: unchanged
-        tch.set_native_path(True, hand_over="build")
-        assert _registry.native_hand_over == "build"
-        tch.set_native_path(True)
-        assert _registry.native_hand_over == "build"  # None: unchanged
-    finally:
-        _registry.native_enabled, _registry.native_hand_over = saved
+def test_a_disabled_native_path_and_bool_operands_stay_on_the_python_path():
+    source = pending_binding()._source
+    assert NativeBinding.on_build(source, enabled=False, hand_over="build", has_bool=False).reason == "native path disabled"
+    assert "Note [Bit-packed booleans]" in NativeBinding.on_build(source, enabled=True, hand_over="build", has_bool=True).reason
 
 
-def test_the_default_is_the_build_and_the_environment_may_say_second_call(monkeypatch):
+def test_when_to_hand_over_is_one_of_two_and_a_typo_says_so(fresh_settings):
+    with pytest.raises(ValueError, match=r"native_hand_over takes 'build' or 'second_call', got 'later'"):
+        tch.settings.set_native_hand_over("later")
+    assert fresh_settings.get("native_hand_over") == "build"  # refused: unchanged
+    assert tch.settings.set_native_hand_over("second_call") == "build"  # the previous value
+    assert fresh_settings.get("native_hand_over") == "second_call"
+
+
+def test_the_default_is_the_build_and_the_environment_may_say_second_call(monkeypatch, fresh_settings):
     monkeypatch.delenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", raising=False)
-    assert GraphRegistry().native_hand_over == "build"
+    assert fresh_settings.get("native_hand_over") == "build"
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "second_call")
-    assert GraphRegistry().native_hand_over == "second_call"
+    assert fresh_settings.get("native_hand_over") == "second_call"
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "1")
-    with pytest.raises(ValueError, match="got '1'"):
-        GraphRegistry()
+    with pytest.raises(ValueError, match=r"TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER='1' is not a valid value; it takes 'build' or 'second_call'"):
+        fresh_settings.get("native_hand_over")

@@ -13,8 +13,8 @@ import torch_cudnn_handle as tch
 from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently
 from graphs import linear_inputs, linear_relu, linear_relu_reference, relu, relu_grad
 from torch_cudnn_handle import _C
-from torch_cudnn_handle.registry import _registry
-from torch_cudnn_handle.registry.build import NATIVE_PENDING_REASON
+from torch_cudnn_handle import registry, settings
+from torch_cudnn_handle.native.binding import PENDING_REASON as NATIVE_PENDING_REASON
 
 pytestmark = [requires_cuda, requires_native_path]
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
@@ -22,10 +22,8 @@ TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 @pytest.fixture
 def second_call_rule():
-    saved = _registry.native_hand_over
-    tch.set_native_path(True, hand_over="second_call")
-    yield
-    tch.set_native_path(True, hand_over=saved)
+    with settings.override(native_path=True, native_hand_over="second_call"):
+        yield
 
 
 def only_built(graph_id):
@@ -50,9 +48,9 @@ def test_the_first_call_runs_on_the_python_path_and_the_second_natively(second_c
     assert _C.native_plan_count() == plans + 1
     assert built.phase_seconds["native_hand_over"] > 0 and built.build_seconds == build_seconds
 
-    hits = tch.registry_stats()["hits"]
+    hits = tch.stats.graphs()["hits"]
     (third,) = tch.execute(gid, inputs)  # natively from C++: the registry is not asked
-    assert tch.registry_stats()["hits"] == hits
+    assert tch.stats.graphs()["hits"] == hits
     # The frontend's execute and the native plan run the same plan: bit for bit equal.
     torch.testing.assert_close(second, first, atol=0, rtol=0)
     torch.testing.assert_close(third, first, atol=0, rtol=0)
@@ -64,7 +62,7 @@ def test_eight_threads_making_the_second_call_at_once_hand_over_once(second_call
     inputs = linear_inputs(4, 128, 64, 32, seed=22)
     (first,) = tch.execute(gid, inputs)
     torch.cuda.synchronize()
-    before = tch.registry_stats()
+    before = tch.stats.graphs()
     plans = _C.native_plan_count()
 
     def second_call(_):
@@ -73,7 +71,7 @@ def test_eight_threads_making_the_second_call_at_once_hand_over_once(second_call
         return result
 
     results = run_concurrently(second_call, 8)
-    after = tch.registry_stats()
+    after = tch.stats.graphs()
     assert after["hand_overs"] - before["hand_overs"] == 1, (before, after)
     assert _C.native_plan_count() == plans + 1  # one native plan, however many threads
     assert only_built(gid).native, only_built(gid).path_reason
@@ -83,9 +81,10 @@ def test_eight_threads_making_the_second_call_at_once_hand_over_once(second_call
 
 def test_a_backward_graph_is_handed_over_at_its_second_call(second_call_rule):
     gid = tch.register_graph(
-        relu, name="hand_over_relu_declared", backward=relu_grad, backward_operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]
+        relu, name="hand_over_relu_declared",
+        backward=tch.Backward.graph(relu_grad, operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]),
     )
-    backward_id = _registry.definition(gid).backward_id
+    backward_id = registry.definition(gid).backward_id
     x = torch.randn(3, 40, 24, device="cuda", dtype=torch.float16).requires_grad_()
     grads, counts = [], []
     with python_backward_calls() as calls:
@@ -107,14 +106,10 @@ def test_a_backward_graph_is_handed_over_at_its_second_call(second_call_rule):
 
 
 def test_hand_over_at_build_keeps_the_old_rule():
-    saved = _registry.native_hand_over
-    tch.set_native_path(True, hand_over="build")
-    try:
+    with settings.override(native_path=True, native_hand_over="build"):
         gid = tch.register_graph(linear_relu, name="hand_over_at_build_linear_relu")
         inputs = linear_inputs(2, 64, 32, 16, seed=23)
         (first,) = tch.execute(gid, inputs)
-    finally:
-        tch.set_native_path(True, hand_over=saved)
     built = only_built(gid)
     assert built.native and not built.native_pending, built.path_reason
     assert "native" in built.phase_seconds and "native_hand_over" not in built.phase_seconds

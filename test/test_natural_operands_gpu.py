@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, requires_native_path
-from torch_cudnn_handle import _C, op
+from conftest import python_kernels, requires_cuda, requires_native_path
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm
 from torch_cudnn_handle.nn.linear import GELU_BACKWARD, MATMUL, RELU_BACKWARD, linear_forward
 from torch_cudnn_handle.nn.norm import _BACKWARD_OPERANDS, rmsnorm_backward, rmsnorm_forward
@@ -100,7 +99,7 @@ def test_fused_linear_equals_the_view_based_route(activation, dtype):
 
 
 def _recording_python_kernels(calls):
-    """Every call that reaches the op's Python kernels (execute and both backwards)."""
+    """Every call that reaches the op's Python kernels (execute and both backwards), recorded while in the block."""
 
     def record(what, fn):
         def recorded(*args, **kwargs):
@@ -109,15 +108,13 @@ def _recording_python_kernels(calls):
 
         return recorded
 
-    _C._set_python_kernels(
-        record("execute", op._execute_cuda), record("execute_out", op._execute_out_cuda),
-        record("execute_", op._execute_in_place_cuda), record("backward", op._backward),
-        record("declared backward", op._run_declared_backward),
+    from torch_cudnn_handle.op import backward as op_backward, python_path
+
+    return python_kernels(
+        execute=record("execute", python_path.execute), execute_out=record("execute_out", python_path.execute_out),
+        execute_in_place=record("execute_", python_path.execute_in_place), backward=record("backward", op_backward.backward),
+        run_declared_backward=record("declared backward", op_backward.run_declared_backward),
     )
-
-
-def _restore_python_kernels():
-    _C._set_python_kernels(op._execute_cuda, op._execute_out_cuda, op._execute_in_place_cuda, op._backward, op._run_declared_backward)
 
 
 @requires_native_path
@@ -130,12 +127,9 @@ def test_a_warm_step_runs_no_python(module):
     for _ in range(2):  # the first step builds each graph (Python), the second hands its plan to C++
         layer(x).float().sum().backward()
     calls = []
-    _recording_python_kernels(calls)
-    try:
+    with _recording_python_kernels(calls):
         layer(x).float().sum().backward()
         torch.cuda.synchronize()
-    finally:
-        _restore_python_kernels()
     assert calls == [], calls
 
 
@@ -155,7 +149,7 @@ def test_the_python_path_computes_the_same(module, tmp_path):
         y.backward(torch.randn_like(y))
         torch.save([y.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in layer.parameters()], sys.argv[1])
         if os.environ["TORCH_CUDNN_HANDLE_NATIVE"] == "0":
-            assert tch.registry_stats()["native"] == 0, tch.registry_stats()
+            assert tch.stats.graphs()["native"] == 0, tch.stats.graphs()
         """
     )
     results = {}

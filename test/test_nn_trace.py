@@ -124,7 +124,7 @@ def test_rmsnorm_writes_float32_inverse_rms_per_row():
 
 
 def test_graphs_are_registered_once_not_per_module_or_call():
-    from torch_cudnn_handle import registry_stats
+    from torch_cudnn_handle.stats import graphs as registry_stats
 
     TransformerBlock(64, 2, device="meta", dtype=DTYPE)  # registers its eps's rmsnorm graphs if no module did yet
     before = registry_stats()["definitions"]

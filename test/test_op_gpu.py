@@ -40,7 +40,7 @@ def reference_grads(inputs):
 def test_backward_matches_torch_and_runs_on_the_autograd_worker():
     inputs = linear_inputs(2, 64, 32, 16, requires_grad=True)
     threads = []
-    definition = tch.registry._registry.definition(LINEAR_RELU)
+    definition = tch.registry.definition(LINEAR_RELU)
     original = definition.backward_fn
 
     def recording_backward(grads, ins, outs):
@@ -91,7 +91,7 @@ def test_a_declared_backward_runs_natively_once_its_graph_is_built_and_handed_ov
     # The first backward built the backward graph (through Python; with
     # hand_over="second_call" the second handed it over, through Python too); the rest
     # ran natively.
-    python_calls = 2 if tch.registry._registry.native_hand_over == "second_call" else 1
+    python_calls = 2 if tch.settings.get("native_hand_over") == "second_call" else 1
     assert first == [RELU_DECLARED] * python_calls
     assert calls == [RELU_DECLARED] * (python_calls + 1)
 
@@ -164,7 +164,7 @@ def test_reduce_overhead_training_matches_eager(built_before_compile):
         training_step(linear_inputs(batch, m, k, n, seed=99)[0].requires_grad_())[1].backward()
     torch._dynamo.reset()
     compiled = torch.compile(training_step, mode="reduce-overhead", fullgraph=True)
-    builds_before = tch.registry_stats()["builds"]
+    builds_before = tch.stats.graphs()["builds"]
     for step in range(5):  # cudagraph warm-up, then capture, then replays
         torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=True)
@@ -177,7 +177,7 @@ def test_reduce_overhead_training_matches_eager(built_before_compile):
         for name, grad, want in zip(("x", "w", "b"), (x.grad, model.w.grad, model.b.grad), expected):
             torch.testing.assert_close(grad.float(), want, **TOLERANCE, msg=lambda m: f"d{name}, step {step}: {m}")
     # The forward's and backward's graphs: built in cudagraph warm-up, or not at all when eager built them.
-    builds = tch.registry_stats()["builds"] - builds_before
+    builds = tch.stats.graphs()["builds"] - builds_before
     assert builds == 0 if built_before_compile else builds >= 2
 
 
@@ -205,7 +205,7 @@ def test_reused_workspaces_and_variant_packs_stay_correct():
     for (a, b), y in results:
         torch.testing.assert_close(y, torch.bmm(a, b), **TOLERANCE)
     paths = [g.native for g in tch.built_graphs(MATMUL) if g.inputs[0].shape == (1, 16, 16)]
-    assert paths and all(native == tch.registry._registry.native_enabled for native in paths)
+    assert paths and all(native == bool(tch.settings.get("native_path")) for native in paths)
 
 
 def test_no_workspace_stays_live_in_a_private_pool():
@@ -269,9 +269,9 @@ def test_builds_are_scoped_to_the_target_device():
 def test_each_key_is_built_exactly_once_under_concurrency():
     gid = tch.register_graph(linear_relu, name="concurrent_build")  # a new id: nothing built yet
     inputs = linear_inputs(2, 16, 32, 8, seed=5)
-    before = tch.registry_stats()["builds"]
+    before = tch.stats.graphs()["builds"]
     results = run_concurrently(lambda i: execute(inputs, graph=gid)[0], 8)
-    assert tch.registry_stats()["builds"] == before + 1
+    assert tch.stats.graphs()["builds"] == before + 1
     for y in results:
         torch.testing.assert_close(y, linear_relu_reference(*inputs), **TOLERANCE)
 
@@ -359,17 +359,17 @@ def test_wrong_arguments_on_cuda_tensors_are_named_and_the_next_good_call_works(
 
 def test_the_cache_is_bounded_and_counts_evictions():
     gid = tch.register_graph(linear_relu, name="bounded")
-    old_capacity = tch.registry_stats()["capacity"]
-    before = tch.registry_stats()
-    tch.set_cache_capacity(before["cached"] + 1)
+    old_capacity = tch.stats.graphs()["capacity"]
+    before = tch.stats.graphs()
+    tch.settings.set_graph_cache_capacity(before["cached"] + 1)
     try:
         for m in (16, 32, 48):
             inputs = linear_inputs(2, m, 32, 8)
             torch.testing.assert_close(execute(inputs, graph=gid)[0], linear_relu_reference(*inputs), **TOLERANCE)
-        after = tch.registry_stats()
+        after = tch.stats.graphs()
         assert after["evictions"] >= before["evictions"] + 2 and after["cached"] <= before["cached"] + 1
     finally:
-        tch.set_cache_capacity(old_capacity)
+        tch.settings.set_graph_cache_capacity(old_capacity)
 
 
 @pytest.mark.skipif(os.environ.get("TORCH_CUDNN_HANDLE_NATIVE") == "0", reason="the native path is switched off")
@@ -380,14 +380,14 @@ def test_backend_plans_run_natively_and_match_the_python_path():
     (first_call,) = execute(inputs, graph=native_id)  # built and handed over (or pending: hand_over="second_call")
     assert [b.native or b.native_pending for b in tch.built_graphs(native_id)] == [True]
     (native,) = execute(inputs, graph=native_id)  # natively
-    tch.set_native_path(False)
+    tch.settings.set_native_path(False)
     try:
         (python_path,) = execute(inputs, graph=python_id)
     finally:
-        tch.set_native_path(True)
+        tch.settings.set_native_path(True)
     assert [b.native for b in tch.built_graphs(native_id)] == [True], tch.built_graphs(native_id)[0].path_reason
     assert [b.native for b in tch.built_graphs(python_id)] == [False]
-    assert tch.registry_stats()["native"] >= 1
+    assert tch.stats.graphs()["native"] >= 1
     # One plan, two ways to launch it: bit for bit the same.
     torch.testing.assert_close(native, python_path, atol=0, rtol=0)
     torch.testing.assert_close(native, first_call, atol=0, rtol=0)

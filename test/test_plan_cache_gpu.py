@@ -26,7 +26,7 @@ from conftest import requires_cuda
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
-from torch_cudnn_handle.registry import plan_store
+from torch_cudnn_handle import registry, settings
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 
 pytestmark = requires_cuda
@@ -73,17 +73,15 @@ def assert_bitwise(actual, expected, what):
 
 
 def routes(*graph_ids):
-    ids = [*graph_ids, *(tch.registry._registry.definition(g).backward_id for g in graph_ids)]
+    ids = [*graph_ids, *(registry.definition(g).backward_id for g in graph_ids)]
     return [(b.route, b.route_reason, b.native, b.engine) for g in ids if g is not None for b in tch.built_graphs(g)]
 
 
 @pytest.fixture
 def plan_cache(tmp_path):
     """The plan store on, in tmp_path, for this test."""
-    saved = plan_store._process_enabled, plan_store._process_directory
-    plan_store.set_plan_cache(True, tmp_path / "plans")
-    yield tmp_path / "plans"
-    plan_store._process_enabled, plan_store._process_directory = saved
+    with settings.override(plan_store=True, plan_store_dir=tmp_path / "plans"):
+        yield tmp_path / "plans"
 
 
 # ---------------------------------------------------------------------------------
@@ -92,7 +90,7 @@ def plan_cache(tmp_path):
 
 import cudnn  # noqa: E402
 
-from torch_cudnn_handle.registry import kernel_caches  # noqa: E402
+from torch_cudnn_handle.registry.plans import kernel_caches  # noqa: E402
 
 def _below_min_backend() -> bool:
     try:
@@ -128,10 +126,10 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
     assert {route for route, *_ in built} == {"kernel_cache"}, [reason for route, reason, *_ in built if route != "kernel_cache"]
     assert all(native for _, _, native, _ in built), "the native path serves kernel-cache plans (from their second call)"
     assert {route for route, *_ in routes(*static)} == {"static"}
-    stats = tch.registry_stats()
+    stats = tch.stats.graphs()
     assert stats["routes"]["kernel_cache"] >= 3 * len(LENGTHS) and stats["plan_seconds"] > 0
     for b in tch.built_graphs(dynamic[1]):  # where each build's time went
-        handed = "native" if tch.registry._registry.native_hand_over == "build" else "native_hand_over"
+        handed = "native" if settings.get("native_hand_over") == "build" else "native_hand_over"
         assert {"describe", "operation_graph", "heuristics", "support", "plan", handed} <= set(b.phase_seconds)
         assert sum(v for k, v in b.phase_seconds.items() if k not in AFTER_BUILD_PHASES) == pytest.approx(b.build_seconds)
 
@@ -168,7 +166,7 @@ _SCRIPT = textwrap.dedent(
         assert all(torch.equal(a, b) for a, b in zip(workload(linear, attention, length), first)), length
     torch.cuda.synchronize()
     torch.save({str(k): v for k, v in outputs.items()}, sys.argv[1])
-    stats = tch.registry_stats()
+    stats = dict(tch.stats.graphs(), store=tch.stats.plan_store())
     json.dump(dict(stats=stats, routes=routes(linear, attention), seconds=time.perf_counter() - started), open(sys.argv[2], "w"))
     """
 )
@@ -177,7 +175,7 @@ _SCRIPT = textwrap.dedent(
 def run_process(tmp_path, name: str, cache_dir):
     script = tmp_path / "second_process.py"
     script.write_text(_SCRIPT)
-    environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_CACHE="1", TORCH_CUDNN_HANDLE_CACHE_DIR=str(cache_dir))
+    environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_STORE="1", TORCH_CUDNN_HANDLE_PLAN_STORE_DIR=str(cache_dir))
     environment["PYTHONPATH"] = os.pathsep.join([ROOT, environment.get("PYTHONPATH", "")])
     tensors, report = tmp_path / f"{name}.pt", tmp_path / f"{name}.json"
     done = subprocess.run(
@@ -193,10 +191,10 @@ def test_a_second_process_loads_the_plans_the_first_built(tmp_path):
     first, first_report, _ = run_process(tmp_path, "first", cache_dir)
     second, second_report, warnings_text = run_process(tmp_path, "second", cache_dir)
     graphs = 3 * 2  # linear, sdpa forward, sdpa backward at 2 lengths
-    assert first_report["stats"]["builds"] == graphs and first_report["stats"]["disk_writes"] == graphs
+    assert first_report["stats"]["builds"] == graphs and first_report["stats"]["store"]["writes"] == graphs
     assert second_report["stats"]["builds"] == 0, second_report
-    assert second_report["stats"]["disk_hits"] == graphs and second_report["stats"]["disk_rejected"] == 0, warnings_text
-    assert {route for route, *_ in second_report["routes"]} == {"disk_cache"}
+    assert second_report["stats"]["store"]["hits"] == graphs and second_report["stats"]["store"]["rejected"] == 0, warnings_text
+    assert {route for route, *_ in second_report["routes"]} == {"plan_store"}
     assert all(native for _, _, native, _ in second_report["routes"]), [r for r in second_report["routes"] if not r[2]]
     for length in first:
         assert_bitwise(second[length], first[length], f"length {length}, second process")
@@ -210,11 +208,11 @@ def test_a_corrupt_entry_is_rebuilt_with_a_warning(tmp_path, plan_cache):
         with open(plan_cache / name, "r+b") as file:  # same length, other bytes at the end of the blob
             file.seek(-8, os.SEEK_END)
             file.write(b"\xff" * 8)
-    rejected = tch.registry_stats()["disk_rejected"]
+    rejected = tch.stats.plan_store()["rejected"]
     again = register(tag, False)  # same names and params: the same keys
     with pytest.warns(UserWarning, match="was rejected"):
         actual = workload(*again, 136)
-    assert tch.registry_stats()["disk_rejected"] == rejected + 3
+    assert tch.stats.plan_store()["rejected"] == rejected + 3
     assert {route for route, *_ in routes(*again)} == {"static"}
     assert_bitwise(actual, expected, "rebuilt after a corrupt entry")
 
@@ -223,14 +221,10 @@ def test_the_python_path_runs_a_loaded_plan(plan_cache):
     """With the native path off, the frontend executes the deserialized graph itself."""
     tag = uuid.uuid4().hex[:8]
     expected = workload(*register(tag, False), 264)
-    saved = tch.registry._registry.native_enabled
-    tch.set_native_path(False)
-    try:
+    with settings.override(native_path=False):
         again = register(tag, False)
         actual = workload(*again, 264)
-    finally:
-        tch.registry._registry.native_enabled = saved
-    assert [(route, native) for route, _, native, _ in routes(*again)] == [("disk_cache", False)] * 3
+    assert [(route, native) for route, _, native, _ in routes(*again)] == [("plan_store", False)] * 3
     assert_bitwise(actual, expected, "a loaded plan on the Python path")
 
 
@@ -238,7 +232,7 @@ def test_the_python_path_runs_a_loaded_plan(plan_cache):
 # (c) eager, compile, capture and backward, served by plans of either cache
 
 
-@pytest.fixture(params=[pytest.param("kernel_cache", marks=below_min_backend), "disk_cache"])
+@pytest.fixture(params=[pytest.param("kernel_cache", marks=below_min_backend), "plan_store"])
 def cached_graphs(request, plan_cache):
     """Graph ids whose plans come from ``request.param``'s route (built or loaded at the first call)."""
     tag = uuid.uuid4().hex[:8]

@@ -12,9 +12,10 @@ import torch
 
 from conftest import run_concurrently
 from test_native_eligibility import encode
-from torch_cudnn_handle.registry import plan_store
-from torch_cudnn_handle.registry.plan_disk import check_blob, description_fingerprint
-from torch_cudnn_handle.registry.plan_store import PlanStore, plan_key
+from torch_cudnn_handle import settings
+from torch_cudnn_handle.registry.plans import store as plan_store
+from torch_cudnn_handle.registry.plans.store import PlanStore, plan_key
+from torch_cudnn_handle.registry.plans.stored_graphs import check_blob, description_fingerprint
 
 LAYOUT = [((2, 8, 136, 64), (69632, 8704, 64, 1), torch.bfloat16), ((2, 8, 136, 1), (1088, 136, 1, 1), torch.float32)]
 KEY_ARGS = dict(
@@ -25,14 +26,6 @@ KEY_ARGS = dict(
 
 def key(**changes):
     return plan_key(**dict(KEY_ARGS, **changes))
-
-
-@pytest.fixture
-def process_settings():
-    """Restore set_plan_cache()'s process-wide settings after the test."""
-    saved = plan_store._process_enabled, plan_store._process_directory
-    yield
-    plan_store._process_enabled, plan_store._process_directory = saved
 
 
 def test_the_key_names_everything_a_plan_depends_on():
@@ -63,7 +56,7 @@ def test_a_stored_blob_loads_back_whole_with_its_metadata(tmp_path):
     blob = bytes(range(256)) * 3 + b"\n\n"
     assert store.store(key(), blob, {"engine": "backend:eng4", "index": 0})
     assert store.load(key()) == (blob, {"engine": "backend:eng4", "index": 0})
-    assert store.stats() == dict(disk_hits=1, disk_misses=1, disk_writes=1, disk_rejected=0, disk_write_errors=0)
+    assert store.stats() == dict(hits=1, misses=1, writes=1, rejected=0, write_errors=0)
     assert os.listdir(tmp_path / "plans") == [os.path.basename(store.path_of(key()))]  # no temp file left
 
 
@@ -89,7 +82,7 @@ def test_a_corrupt_entry_warns_misses_and_is_removed(tmp_path, damage):
     with pytest.warns(UserWarning, match="was rejected"):
         assert store.load(key()) is None
     assert not os.path.exists(path)
-    assert store.stats()["disk_rejected"] == 1
+    assert store.stats()["rejected"] == 1
     store.store(key(), b"rebuilt")  # the build that follows writes a good entry
     assert store.load(key())[0] == b"rebuilt"
 
@@ -103,7 +96,7 @@ def test_a_stale_version_is_a_miss_and_a_file_under_another_key_is_rejected(tmp_
     os.replace(store.path_of(key(backend_version=91800)), store.path_of(key()))  # copied under the new name
     with pytest.warns(UserWarning, match="written for another key"):
         assert store.load(key()) is None
-    assert store.stats()["disk_rejected"] == 1 and not os.path.exists(store.path_of(key()))
+    assert store.stats()["rejected"] == 1 and not os.path.exists(store.path_of(key()))
 
 
 def test_a_rejection_leaves_a_file_that_was_replaced_meanwhile(tmp_path):
@@ -121,7 +114,7 @@ def test_a_store_that_cannot_write_warns_and_returns_false(tmp_path):
     store = PlanStore(tmp_path / "file" / "plans")
     with pytest.warns(UserWarning, match="could not store"):
         assert store.store(key(), b"plan") is False
-    assert store.stats()["disk_write_errors"] == 1
+    assert store.stats()["write_errors"] == 1
 
 
 def test_concurrent_writers_and_readers_on_threads_never_see_a_torn_entry(tmp_path):
@@ -138,7 +131,7 @@ def test_concurrent_writers_and_readers_on_threads_never_see_a_torn_entry(tmp_pa
 
     results = run_concurrently(work, 8)
     assert all(blob in blobs for seen in results for blob in seen)  # every load whole (it was written before)
-    assert store.stats()["disk_rejected"] == 0
+    assert store.stats()["rejected"] == 0
     assert os.listdir(tmp_path) == [os.path.basename(store.path_of(key()))]
 
 
@@ -148,7 +141,7 @@ def _write_in_a_process(directory, i, rounds):
         store.store(key(), bytes([i]) * (200_000 + i))
         loaded = store.load(key())
         assert loaded is not None and set(loaded[0]) <= set(range(8)) and len(loaded[0]) == 200_000 + loaded[0][0]
-    return store.stats()["disk_rejected"]
+    return store.stats()["rejected"]
 
 
 def test_concurrent_writers_in_spawned_processes_leave_one_whole_entry(tmp_path):
@@ -161,25 +154,44 @@ def test_concurrent_writers_in_spawned_processes_leave_one_whole_entry(tmp_path)
     assert os.listdir(tmp_path) == [os.path.basename(PlanStore(tmp_path).path_of(key()))]
 
 
-def test_settings_the_call_wins_over_the_environment(tmp_path, monkeypatch, process_settings):
-    plan_store._process_enabled, plan_store._process_directory = None, None
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
+def test_settings_the_call_wins_over_the_environment(tmp_path, monkeypatch, fresh_settings):
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE", "0")
     assert plan_store.store() is None
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_CACHE", "1")
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_CACHE_DIR", str(tmp_path / "from_env"))
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE", "1")
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE_DIR", str(tmp_path / "from_env"))
     assert plan_store.store().directory == str(tmp_path / "from_env")
-    monkeypatch.delenv("TORCH_CUDNN_HANDLE_CACHE_DIR")
-    assert plan_store.plan_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle", "plans")
-    plan_store.set_plan_cache(False, tmp_path / "mine")
+    monkeypatch.delenv("TORCH_CUDNN_HANDLE_PLAN_STORE_DIR")
+    assert settings.get("plan_store_dir") == os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle", "plans")
+    settings.set_plan_store_dir(tmp_path / "mine")
+    settings.set_plan_store(False)
     assert plan_store.store() is None
-    plan_store.set_plan_cache(True)  # the directory stays
+    settings.set_plan_store(True)  # the directory stays
     assert plan_store.store().directory == str(tmp_path / "mine")
     plan_store.store().store(key(), b"x")
-    assert plan_store.stats()["disk_writes"] >= 1
+    assert plan_store.stats()["writes"] >= 1
+
+
+def test_the_old_variables_still_work_with_a_deprecation_warning(tmp_path, monkeypatch, fresh_settings):
+    monkeypatch.delenv("TORCH_CUDNN_HANDLE_PLAN_STORE", raising=False)
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
+    with pytest.warns(DeprecationWarning, match="TORCH_CUDNN_HANDLE_PLAN_CACHE is deprecated.*TORCH_CUDNN_HANDLE_PLAN_STORE instead"):
+        assert settings.get("plan_store") is False
+
+
+def test_an_unusable_directory_is_one_warning_and_the_store_is_off(tmp_path, fresh_settings):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    settings.set_plan_store(True)
+    settings.set_plan_store_dir(blocker / "plans")
+    with pytest.warns(RuntimeWarning, match=r"plan_store_dir directory .*a_file/plans' is unusable: it cannot be created"):
+        assert plan_store.store() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan_store.store() is None  # once: no second warning
 
 
 # ---------------------------------------------------------------------------------
-# What a loaded blob must prove (plan_disk.check_blob), and the description's fingerprint
+# What a loaded blob must prove (stored_graphs.check_blob), and the description's fingerprint
 
 UIDS = (1, 2)
 

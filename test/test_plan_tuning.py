@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from torch_cudnn_handle import plan_tuning
-from torch_cudnn_handle.plan_tuning import cache_key, read_cache, resolve_cache_path, resolve_tuning, write_cache_entries
+from torch_cudnn_handle import settings
+from torch_cudnn_handle.registry.plans import tuning as plan_tuning
+from torch_cudnn_handle.registry.plans.tuning import cache_key, read_cache, write_cache_entries
 
 LAYOUT = [((2, 16, 32), (512, 32, 1), torch.float16), ((2, 32, 8), (256, 8, 1), torch.float16), ((2, 16, 8), (128, 8, 1), torch.float16)]
 KEY_ARGS = dict(backend_version=91900, frontend_version="1.32.0", device="NVIDIA H200 sm90 132SMs", graph_key=1234567, layout=LAYOUT, deterministic=False)
@@ -17,14 +18,6 @@ KEY_ARGS = dict(backend_version=91900, frontend_version="1.32.0", device="NVIDIA
 
 def entry(plan="eng0_k2=1", index=0):
     return {"plan": plan, "index": index, "candidates": 3, "fastest_ms": 0.01, "heuristic_plan": "eng1", "heuristic_ms": 0.02}
-
-
-@pytest.fixture
-def process_settings():
-    """Restore set_plan_tuning()'s process-wide settings after the test."""
-    saved = plan_tuning._process_enabled, plan_tuning._process_cache_file
-    yield
-    plan_tuning._process_enabled, plan_tuning._process_cache_file = saved
 
 
 def test_the_key_names_every_part_of_a_choice():
@@ -72,7 +65,7 @@ def test_concurrent_writer_processes_lose_no_entry(tmp_path):
     path = str(tmp_path / "tuning.json")
     script = (
         "import sys\n"
-        "from torch_cudnn_handle.plan_tuning import write_cache_entries\n"
+        "from torch_cudnn_handle.registry.plans.tuning import write_cache_entries\n"
         "for i in range(15):\n"
         "    assert write_cache_entries(sys.argv[1], {f'{sys.argv[2]}-{i}': {'plan': 'p', 'index': i}})\n"
     )
@@ -124,34 +117,30 @@ def test_an_unwritable_cache_warns_and_never_raises(tmp_path):
         (None, None, {}, False),  # off by default
         (None, None, {"TORCH_CUDNN_HANDLE_TUNE": "1"}, True),
         (None, None, {"TORCH_CUDNN_HANDLE_TUNE": "0"}, False),
-        (None, True, {"TORCH_CUDNN_HANDLE_TUNE": "0"}, True),  # set_plan_tuning() over the environment
+        (None, None, {"TORCH_CUDNN_HANDLE_TUNE": "ON"}, True),  # any case of on/off, true/false, 1/0
+        (None, True, {"TORCH_CUDNN_HANDLE_TUNE": "0"}, True),  # settings.set_plan_tuning() over the environment
         (None, False, {"TORCH_CUDNN_HANDLE_TUNE": "1"}, False),
         (True, None, {}, True),  # register_graph(tune=True) opts in alone
         (True, False, {"TORCH_CUDNN_HANDLE_TUNE": "0"}, True),
         (False, True, {"TORCH_CUDNN_HANDLE_TUNE": "1"}, False),  # tune=False overrides the process-wide switch
     ],
 )
-def test_per_graph_beats_set_plan_tuning_beats_the_environment(per_graph, process, env, expected):
-    assert resolve_tuning(per_graph, process, env) is expected
+def test_per_graph_beats_set_plan_tuning_beats_the_environment(per_graph, process, env, expected, monkeypatch, fresh_settings):
+    monkeypatch.delenv("TORCH_CUDNN_HANDLE_TUNE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if process is not None:
+        settings.set_plan_tuning(process)
+    assert plan_tuning.tuning_enabled(per_graph) is expected
 
 
-def test_the_cache_path_comes_from_set_plan_tuning_then_the_environment_then_home():
-    assert resolve_cache_path("/x/mine.json", {"TORCH_CUDNN_HANDLE_TUNING_CACHE": "/y/env.json"}) == "/x/mine.json"
-    assert resolve_cache_path(None, {"TORCH_CUDNN_HANDLE_TUNING_CACHE": "/y/env.json"}) == "/y/env.json"
-    default = resolve_cache_path(None, {})
-    assert default.startswith(os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle") + os.sep)
-
-
-def test_set_plan_tuning_drives_the_process_settings(process_settings, monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_TUNE", "1")
-    monkeypatch.setenv("TORCH_CUDNN_HANDLE_TUNING_CACHE", str(tmp_path / "env.json"))
-    plan_tuning._process_enabled = plan_tuning._process_cache_file = None
-    assert plan_tuning.tuning_enabled() and plan_tuning.cache_path() == str(tmp_path / "env.json")
-    plan_tuning.set_plan_tuning(False, cache_file=str(tmp_path / "mine.json"))
-    assert not plan_tuning.tuning_enabled() and plan_tuning.tuning_enabled(True)
-    assert plan_tuning.cache_path() == str(tmp_path / "mine.json")
-    plan_tuning.set_plan_tuning(True)  # None keeps the file
-    assert plan_tuning.tuning_enabled() and not plan_tuning.tuning_enabled(False)
+def test_the_tuning_file_comes_from_the_setter_then_the_environment_then_home(monkeypatch, fresh_settings, tmp_path):
+    monkeypatch.delenv("TORCH_CUDNN_HANDLE_TUNING_FILE", raising=False)
+    monkeypatch.delenv("TORCH_CUDNN_HANDLE_TUNING_CACHE", raising=False)
+    assert plan_tuning.cache_path().startswith(os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle") + os.sep)
+    monkeypatch.setenv("TORCH_CUDNN_HANDLE_TUNING_FILE", str(tmp_path / "env.json"))
+    assert plan_tuning.cache_path() == str(tmp_path / "env.json")
+    assert settings.set_tuning_file(tmp_path / "mine.json") == str(tmp_path / "env.json")  # the previous value
     assert plan_tuning.cache_path() == str(tmp_path / "mine.json")
 
 
@@ -164,16 +153,16 @@ def test_tuning_stats_are_a_snapshot_with_the_documented_counters():
     assert "mine" not in again["entries"] and again["tuned"] >= 0
 
 
-def test_set_plan_tuning_refuses_what_is_not_a_bool(process_settings):
-    with pytest.raises(TypeError, match=r"set_plan_tuning: enabled must be True or False, got 'yes' \(str\)"):
-        plan_tuning.set_plan_tuning("yes")
+def test_the_tuning_setters_refuse_what_is_not_theirs(fresh_settings):
+    with pytest.raises(TypeError, match=r"plan_tuning takes True or False, got 'yes' \(str\)"):
+        settings.set_plan_tuning("yes")
     with pytest.raises(TypeError, match="got 1 \\(int\\)"):
-        plan_tuning.set_plan_tuning(1)
+        settings.set_plan_tuning(1)
+    with pytest.raises(ValueError, match="tuning_file takes a file path, got 3"):
+        settings.set_tuning_file(3)
 
 
-def test_set_plan_tuning_refuses_a_cache_file_in_a_missing_directory(process_settings, tmp_path):
-    before = plan_tuning.cache_path(), plan_tuning.tuning_enabled()
+def test_a_tuning_file_in_a_missing_directory_creates_it(fresh_settings, tmp_path):
     missing = tmp_path / "no" / "such" / "dir" / "plans.json"
-    with pytest.raises(ValueError, match=f"cache_file '{missing}' is in a directory that does not exist .*create it first"):
-        plan_tuning.set_plan_tuning(True, cache_file=missing)
-    assert (plan_tuning.cache_path(), plan_tuning.tuning_enabled()) == before  # nothing half-applied
+    settings.set_tuning_file(missing)
+    assert settings.usable_directory("tuning_file") == str(missing.parent) and missing.parent.is_dir()

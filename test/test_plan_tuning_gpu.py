@@ -13,9 +13,11 @@ import torch
 import torch_cudnn_handle as tch
 from conftest import requires_cuda
 from graphs import linear_inputs, linear_relu, linear_relu_reference, matmul
-from torch_cudnn_handle import plan_tuning
+from torch_cudnn_handle.registry.plans import tuning as plan_tuning
 from torch_cudnn_handle.native import decode_ubjson
-from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
+from torch_cudnn_handle import registry, settings
+from torch_cudnn_handle.registry import TensorSpec
+from torch_cudnn_handle.registry.describe import describe
 
 pytestmark = requires_cuda
 
@@ -26,11 +28,9 @@ SHAPE = (4, 256, 512, 128)  # batch, m, k, n: big enough for the heuristics to o
 @pytest.fixture(autouse=True)
 def tuning_cache(tmp_path):
     """A private cache file, process-wide tuning off (graphs opt in with tune=True)."""
-    saved = plan_tuning._process_enabled, plan_tuning._process_cache_file
     path = str(tmp_path / "tuning.json")
-    tch.set_plan_tuning(False, cache_file=path)
-    yield path
-    plan_tuning._process_enabled, plan_tuning._process_cache_file = saved
+    with settings.override(plan_tuning=False, tuning_file=path):
+        yield path
 
 
 def matmul_inputs(seed=0, dtype=torch.float16):
@@ -41,7 +41,7 @@ def matmul_inputs(seed=0, dtype=torch.float16):
 
 def entry_of(name):
     """The tuning_stats() entry of the graph registered under ``name`` (one layout)."""
-    (entry,) = [e for label, e in tch.tuning_stats()["entries"].items() if label.startswith(f"{name} on cuda:")]
+    (entry,) = [e for label, e in tch.stats.tuning()["entries"].items() if label.startswith(f"{name} on cuda:")]
     return entry
 
 
@@ -54,7 +54,7 @@ def assert_fastest_measured(entry):
 
 
 def counters():
-    stats = tch.tuning_stats()
+    stats = tch.stats.tuning()
     return {name: stats[name] for name in ("tuned", "cache_hits", "cache_misses")}
 
 
@@ -88,10 +88,10 @@ def test_a_tuned_linear_relu_matches_the_untuned_one_and_torch():
 def described(graph_id, inputs, handle):
     """A fresh, unbuilt graph of ``graph_id`` for ``inputs``, and build_graph's arguments for it."""
     specs = tuple(TensorSpec.of(t) for t in inputs)
-    graph, ins, outs, layout = _describe(_registry.definition(graph_id), specs, handle)
+    graph, ins, outs, layout = describe(registry.definition(graph_id), specs, handle)
     as_tuples = lambda specs: [(s.shape, s.stride, s.dtype) for s in specs]  # noqa: E731
     arguments = dict(device=0, handle=handle, input_specs=as_tuples(specs), output_specs=as_tuples(layout.outputs), uids=[t.uid for t in ins + outs])
-    return graph, dict(arguments, name=_registry.definition(graph_id).name)
+    return graph, dict(arguments, name=registry.definition(graph_id).name)
 
 
 def backend_plan(graph):
@@ -175,7 +175,7 @@ generator = torch.Generator().manual_seed(0)
 a, b = [(torch.randn(*s, generator=generator) * 0.5).to(dtype=torch.float16, device="cuda") for s in ({a}, {b})]
 (y,) = tch.execute(gid, [a, b])
 torch.testing.assert_close(y.float(), torch.bmm(a.float(), b.float()), atol=2e-2, rtol=2e-2)
-stats = tch.tuning_stats()
+stats = tch.stats.tuning()
 print(json.dumps(dict(tuned=stats["tuned"], cache_hits=stats["cache_hits"], plan=tch.built_graphs(gid)[0].plan)))
 """
 

@@ -16,7 +16,7 @@ pytestmark = requires_cuda
 
 
 def device_counts(device=0):
-    return tch.pool_stats()["devices"].get(device, {"created": 0, "in_use": 0, "free": 0})
+    return tch.stats.pool()["devices"].get(device, {"created": 0, "in_use": 0, "free": 0})
 
 
 def wait_for_in_use(expected, device=0, timeout=10.0):
@@ -63,11 +63,11 @@ def test_stream_follows_torch_and_a_repeat_makes_no_set_stream_call():
     with torch.cuda.stream(side):
         assert tch.current_handle(0).stream == side.cuda_stream
         calls = handle.set_stream_calls
-        total = tch.pool_stats()["set_stream_calls"]
+        total = tch.stats.pool()["set_stream_calls"]
         for _ in range(1000):
             tch.current_handle(0)
         assert handle.set_stream_calls == calls
-        assert tch.pool_stats()["set_stream_calls"] == total
+        assert tch.stats.pool()["set_stream_calls"] == total
     assert tch.current_handle(0).stream == torch.cuda.current_stream(0).cuda_stream
     assert handle.set_stream_calls == calls + 1
     # An explicit stream, as a torch.cuda.Stream or as its raw handle.

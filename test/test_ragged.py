@@ -7,11 +7,17 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 import torch_cudnn_handle as tch
+from torch_cudnn_handle.registry.describe import described_layout
 from torch_cudnn_handle.registry.specs import TensorSpec
 
 import ragged_graphs as rg
 
 LENS = [((5, 17, 30), (9, 12, 40)), ((48, 1, 9), (2, 3, 4)), ((20, 20, 20), (48, 48, 48))]
+
+
+def descriptions() -> int:
+    """How many layouts the registry has described so far (its layout cache's misses)."""
+    return described_layout.cache_info().misses
 
 
 @pytest.fixture(autouse=True)
@@ -24,12 +30,13 @@ def _fresh_dynamo():
 @pytest.mark.parametrize("own_o", [False, True], ids=["shared_offsets", "own_o_offsets"])
 def test_outputs_are_packed_like_q_and_one_description_serves_every_token_count(own_o):
     graph = rg.register()[own_o]
+    before = descriptions()
     for lens_q, lens_kv in LENS:
         (o,) = torch.ops.cudnn_fe.execute(graph, rg.inputs(lens_q, lens_kv, "meta", own_o=own_o))
         assert (tuple(o.shape), o.stride(), o.dtype) == ((sum(lens_q), rg.H, rg.D), (rg.H * rg.D, rg.D, 1), torch.float16)
-    layouts = [key for key in tch.registry._registry._layouts if key[0] == graph]
-    assert len(layouts) == 1, layouts  # T is no part of the layout key
-    assert layouts[0][1][0].describe() == "float16[T, 4, 64] stride [256, 64, 1]"
+    assert descriptions() == before + 1  # T is no part of the layout key
+    specs = tch.registry.definition(graph).call_specs([TensorSpec.of(t) for t in rg.inputs(*LENS[0], "meta", own_o=own_o)])
+    assert specs[0].describe() == "float16[T, 4, 64] stride [256, 64, 1]"
 
 
 def test_the_builder_sees_cudnns_ragged_tensor():
@@ -78,10 +85,11 @@ def test_compile_static_recompiles_per_token_count_but_describes_once():
     graph = rg.register()[0]
     calls = []
     compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x))[0], backend="aot_eager", fullgraph=True, dynamic=False)
+    before = descriptions()
     for lens_q, lens_kv in LENS:
         calls.append(tuple(compiled(*rg.inputs(lens_q, lens_kv, "meta")).shape))
     assert calls == [(sum(lq), rg.H, rg.D) for lq, _ in LENS]
-    assert len([key for key in tch.registry._registry._layouts if key[0] == graph]) == 1
+    assert descriptions() == before + 1  # one description
 
 
 def test_execute_out_takes_an_output_of_qs_token_count_only():
@@ -160,6 +168,7 @@ def test_a_ragged_output_of_unknown_length_is_refused():
 
 def test_training_forward_and_backward_give_packed_outputs_and_gradients():
     graph = rg.register_training()
+    before = descriptions()
     for lens_q, lens_kv in LENS[:2]:
         ins = rg.training_inputs(lens_q, lens_kv, "meta")
         for t in ins[:3]:
@@ -170,8 +179,7 @@ def test_training_forward_and_backward_give_packed_outputs_and_gradients():
         assert o.requires_grad and not stats.requires_grad  # the statistics take no gradient
         o.float().sum().backward()
         assert [tuple(t.grad.shape) for t in ins[:3]] == [tuple(t.shape) for t in ins[:3]]
-    backward_id = tch.registry._registry.definition(graph).backward_id
-    assert len([key for key in tch.registry._registry._layouts if key[0] == backward_id]) == 1  # T-free key
+    assert descriptions() == before + 2  # the forward's and the backward's, each T-free
 
 
 def test_training_compiles_one_frame_forward_and_backward():
@@ -193,21 +201,22 @@ def test_spec_describe_names_the_token_count():
 
 def test_ragged_graphs_are_never_tuned():
     """Tuning times candidates on random data, which are no valid offsets: off per graph,
-    which wins over set_plan_tuning(True)."""
-    from torch_cudnn_handle import plan_tuning
+    which wins over the plan_tuning setting."""
+    from torch_cudnn_handle.registry.plans import tuning as plan_tuning
 
     graph = rg.register_training()
-    forward = tch.registry._registry.definition(graph)
-    backward = tch.registry._registry.definition(forward.backward_id)
-    for definition in (forward, backward):  # set_plan_tuning(True) and TORCH_CUDNN_HANDLE_TUNE=1 both on
-        assert plan_tuning.resolve_tuning(definition.tune, True, {"TORCH_CUDNN_HANDLE_TUNE": "1"}) is False
+    forward = tch.registry.definition(graph)
+    backward = tch.registry.definition(forward.backward_id)
+    with tch.settings.override(plan_tuning=True):
+        for definition in (forward, backward):
+            assert plan_tuning.tuning_enabled(definition.tune) is False
 
 
 def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():
-    """What the CUDA kernel's Python path (op._inputs_device) says, on fake CUDA inputs."""
+    """What the device rule (op/checks.py call_device) says, on fake CUDA inputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torch_cudnn_handle import op
+    from torch_cudnn_handle.op.checks import call_device
 
     graph = rg.register()[0]
     offsets = rg.offsets((1, 2, 3), "cpu")
@@ -215,7 +224,7 @@ def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():
         ins = rg.inputs((1, 2, 3), (1, 2, 3), "cuda:0")
     ins[5] = offsets
     with pytest.raises(ValueError, match=r"input 5 .* ragged offsets of packed input 0 and is on cpu, but the graph runs on cuda:0.*offsets\.to\('cuda:0'\)"):
-        op._inputs_device(graph, ins)
+        call_device(graph, ins)
 
 
 # -- packed inputs sharing offsets under symbols of their own ------------------------
@@ -264,7 +273,7 @@ def test_gradients_of_packed_inputs_sharing_offsets_follow_one_symbol():
     """The declared backward: dK and dV share K's offsets, dQ and dO Q's; with every
     packed operand a symbol of its own, each gradient follows its input's symbol."""
     forward = rg.register_training()
-    backward = tch.registry._registry.definition(forward).backward_id
+    backward = tch.registry.definition(forward).backward_id
     lens_q, lens_kv = (4, 5, 6), (3, 3, 3)
     tq, tkv = sum(lens_q), sum(lens_kv)
     mode, (t_do, t_q, t_k, t_v, t_o, t_stats), (d_o, q, k, v, o, stats) = _fake_cuda_packed(tq, tq, tkv, tkv, tq, tq)

@@ -28,7 +28,7 @@ import torch_cudnn_handle as tch  # noqa: E402
 from conftest import requires_cuda  # noqa: E402
 
 import ragged_graphs as rg  # noqa: E402
-from torch_cudnn_handle.registry import _registry  # noqa: E402
+from torch_cudnn_handle import settings  # noqa: E402
 
 pytestmark = requires_cuda
 
@@ -93,7 +93,7 @@ def _check(name, got, expected, inputs, lens_q, lens_kv):
 @pytest.mark.parametrize("own_o", [False, True], ids=["shared_offsets", "own_o_offsets"])
 def test_one_build_serves_every_token_count_eager_and_native(own_o):
     graph = rg.register()[own_o]
-    before = tch.registry_stats()
+    before = tch.stats.graphs()
     for seed, (lens_q, lens_kv) in enumerate(LENS):
         inputs = _poisoned_inputs(lens_q, lens_kv, own_o=own_o, seed=seed)
         expected = _frontend(own_o, inputs)
@@ -103,7 +103,7 @@ def test_one_build_serves_every_token_count_eager_and_native(own_o):
         _check(f"torch.ops {lens_q}/{lens_kv}", again, expected, inputs, lens_q, lens_kv)
     torch.cuda.synchronize()
     built = tch.built_graphs(graph)
-    after = tch.registry_stats()
+    after = tch.stats.graphs()
     print(f"\nragged sdpa ({'own o offsets' if own_o else 'shared offsets'}): {built[0].engine}, native={built[0].native} ({built[0].path_reason})")
     assert len(built) == 1, [b.inputs for b in built]  # one build for every T
     assert after["builds"] - before["builds"] == 1
@@ -113,7 +113,7 @@ def test_one_build_serves_every_token_count_eager_and_native(own_o):
         assert built[0].native, built[0].path_reason
         # A native call never reaches Python: only the first call (the build), and the
         # second under hand_over="second_call" (the hand-over), touched the registry.
-        handed = int(_registry.native_hand_over == "second_call")
+        handed = int(settings.get("native_hand_over") == "second_call")
         assert after["hits"] - before["hits"] == handed and after["misses"] - before["misses"] == 1, (before, after)
         assert after["hand_overs"] - before["hand_overs"] == handed, (before, after)
 
@@ -191,7 +191,7 @@ def test_training_one_build_each_way_gradients_match_torch(dynamic):
     """dynamic=None: the second token count recompiles with the packed buffers' T as
     symbols of their own (K's and V's two, which the fake kernel ties)."""
     graph = rg.register_training()
-    backward_id = tch.registry._registry.definition(graph).backward_id
+    backward_id = tch.registry.definition(graph).backward_id
     torch._dynamo.reset()
     compiled = torch.compile(lambda *x: torch.ops.cudnn_fe.execute(graph, list(x)), fullgraph=True, dynamic=dynamic)
     for seed, (lens_q, lens_kv) in enumerate(LENS):

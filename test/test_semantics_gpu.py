@@ -26,11 +26,11 @@ PYTHON_PATH_LINEAR = tch.register_graph(linear_relu, name="python_path_linear_re
 
 def python_path_call(inputs):
     """The Python path: a graph built while the native path is off stays there."""
-    tch.set_native_path(False)
+    tch.settings.set_native_path(False)
     try:
         return torch.ops.cudnn_fe.execute(PYTHON_PATH_LINEAR, inputs)[0]
     finally:
-        tch.set_native_path(True)
+        tch.settings.set_native_path(True)
 
 
 def out_call(inputs):

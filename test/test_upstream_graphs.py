@@ -14,11 +14,11 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_cudnn_handle.registry.description import _validate_description
+from torch_cudnn_handle.registry.describe import validate_description
 from upstream_graphs import _TORCH_OF, GRAPHS, describe_with_frontend
 
 
-_validate = _validate_description  # the registry's rule: inference must pass; the backend's own check needs the driver
+_validate = validate_description  # the registry's rule: inference must pass; the backend's own check needs the driver
 
 
 def _fake_cuda(inputs, mode):

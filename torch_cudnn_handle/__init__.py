@@ -1,13 +1,16 @@
-"""torch_cudnn_handle: the PyTorch side of the cuDNN frontend.
+"""torch_cudnn_handle: cuDNN frontend graphs as torch ops, on a device-aware handle pool.
 
-* ``current_handle(device, stream)``: this thread's pooled ``cudnn.Handle`` for a
-  device, on torch's current stream there (``pool.py``, ``csrc/pool``, ``csrc/context``).
-* ``build_scope(device)``: build graphs for a device (``build_scope.py``).
-* ``register_graph(builder, ...)``: hand a graph builder (or a built graph) to the
-  registry and get the int id ``torch.ops.cudnn_fe.execute`` takes (``registry/``,
-  ``op.py``).
-* ``adopt_frontend_ops()``: the frontend's own torch ops take their handles from the
-  pool (``frontend_ops.py``).
+* ``register_graph(builder, ...)``: a graph builder in, the int id
+  ``torch.ops.cudnn_fe.execute`` takes out (``registry/``); ``Backward`` makes it
+  differentiable; ``execute`` / ``execute_out`` / ``execute_`` run it (``op/``).
+* ``current_handle(device)``: this thread's pooled ``cudnn.Handle`` for a device, on
+  torch's current stream there (``pool.py``, ``csrc/pool``, ``csrc/context``);
+  ``build_scope(device)``: build frontend graphs for a device (``build_scope.py``).
+* ``adopt_frontend_ops()``: the frontend's own torch ops take their handles from the pool.
+* ``settings``: every setting and its environment variable; ``stats``: what happened.
+* ``torch_cudnn_handle.nn``: modules built on registered graphs.
+
+docs/architecture.md draws the package.
 """
 
 from ._version import __version__
@@ -19,43 +22,26 @@ from ._extension import load_extension
 
 _C = load_extension()  # a clear ImportError when _C is missing or was built for another torch
 
-from .pool import PooledHandle, bind_context, current_handle, pool_stats, release_workspaces, with_cuda
-
-__all__ = ["__version__", "PooledHandle", "bind_context", "current_handle", "pool_stats", "release_workspaces", "with_cuda"]
-
-from .build_scope import build_scope
-from .registry import (
-    BackwardOperand, BackwardStep, OperandViews, Ragged, built_graphs, register_built_graph, register_graph, registry_stats, set_cache_capacity,
-    set_dynamic_shapes, set_native_path,
-    set_plan_cache,
-)
+from . import settings  # noqa: E402
+from .pool import PooledHandle, bind_context, current_handle, release_workspaces, with_cuda  # noqa: E402
+from .build_scope import build_scope  # noqa: E402
+from .registry import Backward, BackwardOperand, BackwardStep, OperandViews, Ragged, built_graphs, register_built_graph, register_graph  # noqa: E402
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
-from .op import execute, execute_, execute_out
-from .plan_tuning import set_plan_tuning, tuning_stats
-from .native import native_cuda_graph_stats, set_native_cuda_graphs
-from .frontend_ops import adopt_frontend_ops, restore_frontend_ops
+from .op import execute, execute_, execute_out  # noqa: E402
+from .frontend_ops import adopt_frontend_ops, restore_frontend_ops  # noqa: E402
+from . import stats  # noqa: E402
+from ._deprecated import deprecated_attribute  # noqa: E402
 
-__all__ += [
-    "build_scope",
-    "register_graph",
-    "BackwardOperand",
-    "BackwardStep",
-    "OperandViews",
-    "Ragged",
-    "register_built_graph",
-    "registry_stats",
-    "set_cache_capacity",
-    "set_native_path",
-    "set_native_cuda_graphs",
-    "native_cuda_graph_stats",
-    "set_dynamic_shapes",
-    "set_plan_cache",
-    "built_graphs",
-    "execute",
-    "execute_out",
-    "execute_",
-    "set_plan_tuning",
-    "tuning_stats",
-    "adopt_frontend_ops",
-    "restore_frontend_ops",
+__all__ = [
+    "__version__",
+    "register_graph", "register_built_graph", "Backward", "BackwardOperand", "BackwardStep", "OperandViews", "Ragged",
+    "execute", "execute_out", "execute_", "built_graphs",
+    "current_handle", "bind_context", "build_scope", "PooledHandle", "release_workspaces", "with_cuda",
+    "adopt_frontend_ops", "restore_frontend_ops",
+    "settings", "stats",
 ]
+
+
+def __getattr__(name: str):
+    """The names of earlier releases, each with a DeprecationWarning naming its replacement (_deprecated.py)."""
+    return deprecated_attribute(name)

@@ -55,8 +55,8 @@ def report() -> None:
             f"{info.device_name}, sm_{info.sm_version}, {info.sm_count} SMs, {info.l2_cache_bytes >> 20} MiB L2, "
             f"{info.shared_memory_per_block_optin >> 10} KiB smem/block",
         )
-    row("handle pool", format_stats(tch.pool_stats()))
-    row("graph registry", format_stats(tch.registry_stats()))
+    row("handle pool", format_stats(tch.stats.pool()))
+    row("graph registry", format_stats(tch.stats.graphs()))
     op = torch.ops.cudnn_fe.execute.default
     row("torch.ops.cudnn_fe.execute", op._schema)
     row("  tags", ", ".join(sorted(str(t).replace("Tag.", "") for t in op.tags)))

@@ -37,7 +37,7 @@ def row(label: str, value) -> None:
 
 
 def format_stats(stats: dict) -> str:
-    """A stats dict (pool_stats(), registry_stats()) as "key=value" pairs on one line."""
+    """A stats dict (stats.pool(), stats.graphs()) as "key=value" pairs on one line."""
     return " ".join(f"{key}={value}" for key, value in stats.items())
 
 
@@ -173,8 +173,8 @@ def _train_and_time() -> int:
     print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 3 interleaved rounds of torch.utils.benchmark")
     for line in timing_rows(figures):
         row(*line)
-    row("handle pool", format_stats(tch.pool_stats()))
-    row("graph registry", format_stats(tch.registry_stats()))
+    row("handle pool", format_stats(tch.stats.pool()))
+    row("graph registry", format_stats(tch.stats.graphs()))
     return 0 if agree else 1
 
 

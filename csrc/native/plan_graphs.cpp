@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "native/native_plan.h"
 #include "native/native_scratch.h"
@@ -29,13 +27,11 @@ void destroy(cudaGraphExec_t exec) {
   if (cudaGraphExecDestroy(exec) != cudaSuccess) (void)cudaGetLastError();
 }
 
-bool enabled_at_start() {
-  const char* value = std::getenv("TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
-
+// On until torch_cudnn_handle/settings.py says otherwise: the package sets it at import
+// from the native_cuda_graphs setting (TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS), and on
+// every change of it.
 std::atomic<bool>& enabled_flag() {
-  static std::atomic<bool> flag{enabled_at_start()};
+  static std::atomic<bool> flag{true};
   return flag;
 }
 

@@ -92,8 +92,8 @@ class PlanGraphs {
   size_t seen_next_ = 0;
 };
 
-// Whether the native path may launch plans as CUDA graphs (on by default; the
-// environment variable TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS=0 turns it off at start).
+// Whether the native path may launch plans as CUDA graphs (on by default; the package's
+// native_cuda_graphs setting sets it, torch_cudnn_handle/settings.py).
 bool native_cuda_graphs_enabled();
 bool set_native_cuda_graphs(bool enabled);  // returns the previous setting
 

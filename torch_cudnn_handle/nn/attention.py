@@ -25,7 +25,7 @@ from torch import nn
 import cudnn
 
 from ..op import execute
-from ..registry import BackwardOperand, register_graph
+from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .linear import FusedLinear
 
@@ -103,16 +103,15 @@ SDPA_GRAPHS = {
     causal: register_graph(
         sdpa_forward,
         name=f"nn_sdpa_{'causal' if causal else 'full'}",
-        backward=sdpa_backward,
-        backward_operands=_BACKWARD_OPERANDS,
-        causal=causal,
+        backward=Backward.graph(sdpa_backward, operands=_BACKWARD_OPERANDS),
+        params=dict(causal=causal),
     )
     for causal in (False, True)
 }
 
 
 SDPA_INFERENCE_GRAPHS = {
-    causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", causal=causal)
+    causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", params=dict(causal=causal))
     for causal in (False, True)
 }
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import BackwardOperand, BackwardStep, OperandViews, register_graph
+from ..registry import Backward, BackwardOperand, BackwardStep, OperandViews, register_graph
 from ._layout import declare, row_major
 
 __all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD", "GELU_BACKWARD"]
@@ -149,10 +149,9 @@ def _register_linear(activation: Optional[str]) -> int:
     return register_graph(
         linear_forward,
         name=f"nn_linear_{activation or 'identity'}",
+        params=dict(activation=activation),
         views=_forward_views(activation),
-        backward_steps=steps,
-        backward_grads=grads,
-        activation=activation,
+        backward=Backward.steps(steps, grads=grads),
     )
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..op import execute
-from ..registry import BackwardOperand, OperandViews, register_graph
+from ..registry import Backward, BackwardOperand, OperandViews, register_graph
 from ._layout import declare, row_major
 
 __all__ = ["RMSNorm", "rmsnorm_graph"]
@@ -87,8 +87,8 @@ def rmsnorm_graph(eps: float) -> int:
         graph_id = _graphs.get(eps)
         if graph_id is None:
             graph_id = _graphs[eps] = register_graph(
-                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", backward=rmsnorm_backward, backward_operands=_BACKWARD_OPERANDS,
-                views=_FORWARD_VIEWS, backward_views=_BACKWARD_VIEWS, eps=eps,
+                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", params=dict(eps=eps), views=_FORWARD_VIEWS,
+                backward=Backward.graph(rmsnorm_backward, operands=_BACKWARD_OPERANDS, views=_BACKWARD_VIEWS),
             )
         return graph_id
 

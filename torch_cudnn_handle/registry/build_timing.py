@@ -9,7 +9,7 @@ op for the first execution), with the phases in the order they run:
     on a GPU also the frontend's lowering and the backend's check);
   * ``key``: the plan store's key of the description (a fingerprint); only with the
     store on;
-  * ``load``: the plan store's read, check and deserialize (a ``disk_cache`` route);
+  * ``load``: the plan store's read, check and deserialize (a ``plan_store`` route);
   * ``operation_graph``, ``heuristics``, ``support``, ``plan``: cuDNN's build, step by
     step (``graph.build()`` is exactly these four): the backend's operation graph, the
     heuristics' ranked plan list, the support check, and building the first plan that

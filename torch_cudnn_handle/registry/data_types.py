@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Tuple
 import cudnn
 import torch
 
-from .specs import _TORCH_DTYPES, TensorSpec, cudnn_data_type_of, dtype_names
+from .specs import TORCH_DTYPES, TensorSpec, cudnn_data_type_of, dtype_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +39,10 @@ class GraphDataTypes:
         refuses an input dtype a cuDNN graph cannot take, so a trace fails where the
         GPU build would."""
         for i, spec in enumerate(specs):
-            if spec.dtype not in _TORCH_DTYPES:
+            if spec.dtype not in TORCH_DTYPES:
                 raise ValueError(
                     f"cudnn_fe.execute: input {i} of graph {name!r} is {spec.dtype}, which a cuDNN graph cannot take; "
-                    f"use one of {dtype_names(_TORCH_DTYPES)}"
+                    f"use one of {dtype_names(TORCH_DTYPES)}"
                 )
         io = self.io if self.io is not None else cudnn_data_type_of(_default_io_dtype(specs))
         intermediate = self.intermediate if self.intermediate is not None else cudnn.data_type.FLOAT
@@ -62,6 +62,6 @@ def _as_cudnn(value, what: str) -> Optional[Any]:
     if not isinstance(converted, cudnn.data_type) or converted == cudnn.data_type.NOT_SET:
         raise TypeError(
             f"register_graph: {what}={value!r} is not a data type a cuDNN graph takes; pass a cudnn.data_type or one of "
-            f"the torch dtypes {dtype_names(_TORCH_DTYPES)}"
+            f"the torch dtypes {dtype_names(TORCH_DTYPES)}"
         )
     return converted

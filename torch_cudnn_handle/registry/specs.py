@@ -1,5 +1,5 @@
-"""The registry's value types: operand specs, output layouts, declared backward operands,
-and the dtypes a graph takes (read from the frontend's table, never copied).
+"""The registry's value types: operand specs, output layouts, and the dtypes a graph takes
+(read from the frontend's table, never copied).
 
 All are frozen and hashable: a tuple of ``TensorSpec`` is part of the cache keys.
 Shapes and strides are plain ints (never symbolic): a cuDNN graph is built for exact
@@ -12,7 +12,7 @@ import dataclasses
 from typing import Optional, Sequence, Tuple
 
 import torch
-from cudnn.datatypes import _cudnn_to_torch_data_type, torch_to_cudnn_data_type
+from cudnn.datatypes import torch_to_cudnn_data_type
 
 
 # A packed (ragged) operand's token count in a spec: any; it is no part of a key (ragged.py).
@@ -20,16 +20,23 @@ TOKENS = -1
 
 # torch's packed fp4 (``float4_e2m1fn_x2``) counts pairs where a cuDNN tensor counts
 # elements, so a shape cannot cross unchanged: left out of the dtypes a graph takes.
-_PACKED_DTYPES = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
+PACKED_DTYPES = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
 
 # The torch dtypes a graph's tensors may have: those the frontend's own table
 # (cudnn.datatypes) maps to a cudnn.data_type, found by asking it about every dtype
 # this torch has, so a dtype either side adds (fp8 e8m0, ...) needs no edit here.
-_TORCH_DTYPES = tuple(
+TORCH_DTYPES = tuple(
     dtype
     for dtype in dict.fromkeys(value for value in vars(torch).values() if isinstance(value, torch.dtype))
-    if dtype not in _PACKED_DTYPES and torch_to_cudnn_data_type(dtype) is not None
+    if dtype not in PACKED_DTYPES and torch_to_cudnn_data_type(dtype) is not None
 )
+
+# The frontend's table read backwards (its public direction is torch -> cudnn); the first
+# torch dtype of a cudnn.data_type wins.
+_TORCH_OF_CUDNN = {}
+for _dtype in TORCH_DTYPES:
+    _TORCH_OF_CUDNN.setdefault(torch_to_cudnn_data_type(_dtype), _dtype)
+del _dtype
 
 
 def cudnn_data_type_of(data_type):
@@ -37,15 +44,14 @@ def cudnn_data_type_of(data_type):
     torch dtype: ``tensor.set_data_type(torch.float16)`` keeps the torch dtype in the
     description, so its ``data_type`` may be either); None for anything else."""
     if isinstance(data_type, torch.dtype):
-        return None if data_type in _PACKED_DTYPES else torch_to_cudnn_data_type(data_type)
+        return None if data_type in PACKED_DTYPES else torch_to_cudnn_data_type(data_type)
     return data_type
 
 
 def torch_dtype_of(data_type) -> Optional[torch.dtype]:
     """The torch dtype of a graph tensor's data type (either spelling), through the
     frontend's table; None when torch has no dtype for it."""
-    cudnn_type = cudnn_data_type_of(data_type)
-    return None if cudnn_type is None else _cudnn_to_torch_data_type(cudnn_type)
+    return _TORCH_OF_CUDNN.get(cudnn_data_type_of(data_type))
 
 
 def dtype_names(dtypes) -> str:
@@ -118,88 +124,8 @@ class GraphLayout:
         )
 
 
-def _spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
+def spec_of_cudnn_tensor(tensor, what: str) -> TensorSpec:
     dtype = torch_dtype_of(tensor.data_type)
     if dtype is None or not tensor.dim:
         raise ValueError(f"register_built_graph: {what} needs dims, strides and a torch-representable data type")
     return TensorSpec(tuple(tensor.dim), tuple(tensor.stride), dtype, bool(tensor.is_pass_by_value))
-
-
-@dataclasses.dataclass(frozen=True)
-class BackwardOperand:
-    """A tensor a backward takes from its forward call, named instead of computed: the
-    gradient of a forward output, a forward input, or a forward output.
-
-    * As the operands of one backward graph (``register_graph(..., backward=...,
-      backward_operands=[...])``): the op's autograd node assembles them in C++, so
-      when a native plan serves the backward graph it runs with no Python. A gradient
-      autograd did not give is zeros like its output; a gradient is then made
-      contiguous, or given the strides of the forward output ``strides_of_output``
-      names (for a backward graph built for the output's layout, as the sdpa
-      backward is). The outputs whose gradient is not among them are marked
-      non-differentiable.
-    * As what a backward function reads (``register_graph(..., backward_fn=...,
-      backward_reads=[...])``, inputs and outputs only): the node saves just those
-      (Note [What a node saves] in csrc/op/autograd_kernels.cpp), and the function gets
-      None for the others. ``for_grads`` narrows it further: the tensor is saved only
-      when one of those forward inputs needs a gradient (``input(0, for_grads=[1])``:
-      ``x`` is read only to compute ``dW``).
-    """
-
-    source: int  # 0: gradient of output `index`, 1: input `index`, 2: output `index`, 3: output `output` of step `index`
-    index: int
-    strides_of_output: int = -1
-    for_grads: Tuple[int, ...] = ()
-    step_output: int = 0  # source 3: which output of the step
-    summed: bool = False  # as an input's gradient (backward_grads): summed to that input's shape
-
-    @classmethod
-    def grad(cls, output: int, *, strides_of_output: Optional[int] = None) -> "BackwardOperand":
-        return cls(0, int(output), -1 if strides_of_output is None else int(strides_of_output))
-
-    @classmethod
-    def input(cls, index: int, *, for_grads: Sequence[int] = ()) -> "BackwardOperand":
-        return cls(1, int(index), for_grads=tuple(int(i) for i in for_grads))
-
-    @classmethod
-    def output(cls, index: int, *, for_grads: Sequence[int] = ()) -> "BackwardOperand":
-        return cls(2, int(index), for_grads=tuple(int(i) for i in for_grads))
-
-    @classmethod
-    def step(cls, step: int, output: int = 0) -> "BackwardOperand":
-        """Output ``output`` of an earlier step of a declared backward of several graphs
-        (``backward_steps``)."""
-        return cls(3, int(step), step_output=int(output))
-
-    def sum_to_input(self) -> "BackwardOperand":
-        """As an input's gradient (``backward_grads``): summed to that input's shape, as
-        autograd reduces the gradient of a broadcast input (a bias)."""
-        if self.source not in (0, 3):
-            raise ValueError(f"{self.describe()}: only a gradient or a step's output can be summed to an input's shape")
-        return dataclasses.replace(self, summed=True)
-
-    def describe(self) -> str:
-        what = ("grad", "input", "output", "step")[self.source]
-        like = f", strides_of_output={self.strides_of_output}" if self.strides_of_output >= 0 else ""
-        only = f", for_grads={list(self.for_grads)}" if self.for_grads else ""
-        output = f", {self.step_output}" if self.source == 3 else ""
-        summed = ".sum_to_input()" if self.summed else ""
-        return f"BackwardOperand.{what}({self.index}{output}{like}{only}){summed}"
-
-
-@dataclasses.dataclass(frozen=True)
-class BackwardStep:
-    """One graph of a declared backward of several (``register_graph(...,
-    backward_steps=[...], backward_grads=[...])``): a registered graph id, its operands
-    (``BackwardOperand``\\ s, ``BackwardOperand.step(s, k)`` for an earlier step's
-    output), and the forward inputs whose gradient needs it (empty: always)."""
-
-    graph: int
-    operands: Tuple[BackwardOperand, ...]
-    for_grads: Tuple[int, ...] = ()
-
-    def __post_init__(self):
-        object.__setattr__(self, "operands", tuple(self.operands))
-        object.__setattr__(self, "for_grads", tuple(int(i) for i in self.for_grads))
-        if not all(isinstance(o, BackwardOperand) for o in self.operands):
-            raise TypeError("BackwardStep: operands must be BackwardOperand.grad(i) / .input(i) / .output(i) / .step(s, k)")

@@ -1,8 +1,8 @@
-"""How a built graph is obtained: loaded from the plan store, or built (with a kernel
-cache, or statically); which route served it is the ``route`` of its ``BuiltGraph``.
+"""Where a plan comes from: loaded from the plan store, or built (with a kernel cache, or
+statically, tuned or not); which route served a graph is the ``route`` of its ``BuiltGraph``.
 
-  * ``"disk_cache"``: the plan stored by an earlier build (this process or another),
-    deserialized and checked (plan_disk.py); no build;
+  * ``"plan_store"``: the plan stored by an earlier build (this process or another),
+    deserialized and checked (stored_graphs.py, store.py); no build;
   * ``"kernel_cache"``: described with dynamic shapes and built with the kernel cache of
     its graph structure (kernel_caches.py), so kernels compiled for another layout are
     reused;
@@ -11,7 +11,11 @@ cache, or statically); which route served it is the ``route`` of its ``BuiltGrap
 A build with a kernel cache that fails is built again statically, and the slot
 remembers why (``route_reason``): every later graph of that structure then builds
 statically, without trying the cache again. A built backend plan is stored for the
-next process (when the plan cache is on; plan_store.py).
+next process (when the plan store is on).
+
+The package: ``store.py`` (bytes by key in a directory), ``stored_graphs.py`` (what a
+stored plan is, and its key), ``kernel_caches.py``, ``tuning/`` (timing the candidates);
+here ``obtain``, which the registry's build calls.
 
 Runs inside the caller's ``build_scope(device)``, on its thread, with its handle.
 """
@@ -23,11 +27,10 @@ from typing import Any, Optional, Tuple
 
 import cudnn
 
-from .. import plan_tuning
-from . import kernel_caches, plan_disk, plan_store
-from .build_timing import PhaseClock
-from .description import _describe
-from .specs import GraphLayout, TensorSpec, layout_lists
+from .. import describe as describing
+from ..build_timing import PhaseClock
+from ..specs import GraphLayout, TensorSpec, layout_lists
+from . import kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
 
 __all__ = ["Obtained", "obtain", "engine_of"]
 
@@ -39,7 +42,7 @@ class Obtained:
     layout: GraphLayout
     uids: Tuple[int, ...]
     choice: plan_tuning.PlanChoice
-    route: str  # "static" | "kernel_cache" | "disk_cache"
+    route: str  # "static" | "kernel_cache" | "plan_store"
     route_reason: str
     engine: Optional[str] = None  # what serves it (engine_of); a disk entry's recorded one (a deserialized graph cannot name it)
     serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
@@ -53,35 +56,35 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
 
     def describe(graph_options):
-        described = _describe(definition, specs, handle, **graph_options)
+        described = describing.describe(definition, specs, handle, **graph_options)
         if deterministic:
-            described[0].deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
+            described.graph.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
         return described
 
     graph, inputs, outputs, layout = describe(options)
     uids = tuple(t.uid for t in inputs + outputs)
     clock.lap("describe")
     key = None
-    if plan_store.plan_cache_enabled():  # the key (a fingerprint of the description) only serves the store
+    if plan_store.enabled():  # the key (a fingerprint of the description) only serves the store
         operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
-        key = plan_disk.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
+        key = stored_graphs.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
         clock.lap("key")
 
     if key is not None:
-        loaded = plan_disk.load_graph(key, definition.name, handle, uids)
+        loaded = stored_graphs.load_graph(key, definition.name, handle, uids)
         clock.lap("load")
         if loaded is not None:
             loaded_graph, blob, metadata = loaded
-            choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="disk_cache", reason="from the plan store")
+            choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
             return Obtained(
-                loaded_graph, outputs, layout, uids, choice, "disk_cache", "loaded from the plan store", metadata.get("engine"), serialized=blob,
+                loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), serialized=blob,
             )
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:
         try:
             with slot.lock:  # one build at a time per kernel cache (kernel_caches.py)
-                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options)[0], clock)
+                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options).graph, clock)
             route, reason = "kernel_cache", "dynamic shapes, the kernel cache of its structure"
         except Exception as error:  # noqa: BLE001 -- built statically instead (below)
             cache_error = error
@@ -91,7 +94,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
     if choice is None:
         # A static build that fails too is not the kernel cache's fault: it raises, and
         # the slot stays usable.
-        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({})[0], clock)
+        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({}).graph, clock)
         if cache_error is not None:
             slot.refused = reason = (
                 f"the build with a kernel cache failed, so graphs of this structure build statically "
@@ -102,10 +105,10 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
 
     serialized = None
     if key is not None:
-        serialized = plan_disk.serialized_plan(graph)
+        serialized = stored_graphs.serialized_plan(graph)
         clock.lap("serialize")
         if serialized is not None:
-            plan_disk.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=route))
+            stored_graphs.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=route))
             clock.lap("store")
     return Obtained(graph, outputs, layout, uids, choice, route, reason, engine, serialized=serialized)
 

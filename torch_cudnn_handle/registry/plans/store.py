@@ -21,10 +21,9 @@ first one built instead of building them. What a file holds, and why it is safe:
 The store knows bytes and keys, not cuDNN: which key a graph has, and whether a
 loaded blob fits the graph, is ``plan_disk.py``'s job.
 
-Settings (resolved on every call, so a test or a user may change them at any time):
-``set_plan_cache(enabled, directory)`` > ``TORCH_CUDNN_HANDLE_PLAN_CACHE=0`` (off) and
-``TORCH_CUDNN_HANDLE_CACHE_DIR`` (the directory) > on, in
-``~/.cache/torch_cudnn_handle/plans``. Thread-safe.
+Settings (settings.py, read on every build): ``plan_store`` (on by default) and
+``plan_store_dir`` (``~/.cache/torch_cudnn_handle/plans``); a directory that cannot be
+created or written turns the store off, with one warning. Thread-safe.
 """
 
 from __future__ import annotations
@@ -37,9 +36,10 @@ import threading
 import warnings
 from typing import Any, Mapping, Optional, Tuple
 
-from .._atomic_file import replace_atomically
+from ... import settings
+from ...atomic_file import replace_atomically
 
-__all__ = ["PlanStore", "plan_key", "set_plan_cache", "plan_cache_enabled", "plan_cache_dir", "store", "stats"]
+__all__ = ["PlanStore", "plan_key", "enabled", "store", "stats"]
 
 _FORMAT = 1
 _MAGIC = b"torch_cudnn_handle plan\n"
@@ -70,7 +70,7 @@ class PlanStore:
     def __init__(self, directory: str):
         self.directory = os.fspath(directory)
         self._lock = threading.Lock()  # guards the counters only; files need none
-        self.counters = dict(disk_hits=0, disk_misses=0, disk_writes=0, disk_rejected=0, disk_write_errors=0)
+        self.counters = dict(hits=0, misses=0, writes=0, rejected=0, write_errors=0)
 
     def path_of(self, key: str) -> str:
         return os.path.join(self.directory, hashlib.sha256(key.encode("utf-8")).hexdigest() + _SUFFIX)
@@ -83,15 +83,15 @@ class PlanStore:
                 seen = os.fstat(file.fileno())
                 data = file.read()
         except FileNotFoundError:
-            self._count(disk_misses=1)
+            self._count(misses=1)
             return None
         except OSError as error:
-            self._count(disk_misses=1)
+            self._count(misses=1)
             warnings.warn(f"torch_cudnn_handle: could not read the stored plan {path!r} ({error}); building it instead")
             return None
         problem, blob, metadata = _parse(data, key)
         if problem is None:
-            self._count(disk_hits=1)
+            self._count(hits=1)
             return blob, metadata
         self.reject(key, problem, seen=seen)
         return None
@@ -100,7 +100,7 @@ class PlanStore:
         """Count, warn and remove the entry of ``key``: it is not to be trusted (``why``).
         ``seen``: the stat of the file that was read; a file replaced since is left alone."""
         path = self.path_of(key)
-        self._count(disk_rejected=1, disk_misses=1)
+        self._count(rejected=1, misses=1)
         warnings.warn(f"torch_cudnn_handle: the stored plan {path!r} was rejected ({why}); building it instead")
         with contextlib.suppress(OSError):
             now = os.stat(path)
@@ -117,10 +117,10 @@ class PlanStore:
         ).encode("utf-8")
         try:
             replace_atomically(path, _MAGIC + header + b"\n" + bytes(blob))
-            self._count(disk_writes=1)
+            self._count(writes=1)
             return True
         except Exception as error:  # noqa: BLE001 -- a store problem never fails a build
-            self._count(disk_write_errors=1)
+            self._count(write_errors=1)
             warnings.warn(f"torch_cudnn_handle: could not store the plan {path!r} ({error}); it is kept for this process only")
             return False
 
@@ -156,42 +156,25 @@ def _parse(data: bytes, key: str):
     return None, blob, metadata if isinstance(metadata, dict) else {}
 
 
-# -- the process-wide store and its settings ---------------------------------------
+# -- the process-wide store ---------------------------------------------------------
 
-_settings_lock = threading.Lock()
-_process_enabled: Optional[bool] = None  # None: follow TORCH_CUDNN_HANDLE_PLAN_CACHE
-_process_directory: Optional[str] = None  # None: TORCH_CUDNN_HANDLE_CACHE_DIR, else the default
+_stores_lock = threading.Lock()
 _stores: dict = {}  # directory -> PlanStore, so counters survive a directory switch and back
 
 
-def set_plan_cache(enabled: bool, directory: Optional[str] = None) -> None:
-    """Store built plans on disk and load them from there (graphs built from now on);
-    ``directory`` replaces the cache directory (None keeps the current one)."""
-    global _process_enabled, _process_directory
-    with _settings_lock:
-        _process_enabled = bool(enabled)
-        if directory is not None:
-            _process_directory = os.fspath(directory)
-
-
-def plan_cache_enabled() -> bool:
-    if _process_enabled is not None:
-        return _process_enabled
-    return os.environ.get("TORCH_CUDNN_HANDLE_PLAN_CACHE", "1").strip() != "0"
-
-
-def plan_cache_dir() -> str:
-    return _process_directory or os.environ.get("TORCH_CUDNN_HANDLE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torch_cudnn_handle", "plans"
-    )
+def enabled() -> bool:
+    """Whether builds consult the store now (the ``plan_store`` setting)."""
+    return bool(settings.get("plan_store"))
 
 
 def store() -> Optional[PlanStore]:
-    """The store of the current directory, or None when the plan cache is off."""
-    if not plan_cache_enabled():
+    """The store of the current directory, or None when the store is off or its directory unusable."""
+    if not enabled():
         return None
-    directory = os.path.abspath(plan_cache_dir())
-    with _settings_lock:
+    directory = settings.usable_directory("plan_store_dir")
+    if directory is None:
+        return None
+    with _stores_lock:
         found = _stores.get(directory)
         if found is None:
             found = _stores[directory] = PlanStore(directory)
@@ -199,10 +182,10 @@ def store() -> Optional[PlanStore]:
 
 
 def stats() -> dict:
-    """The disk counters summed over every directory this process used."""
-    with _settings_lock:
+    """The store's counters summed over every directory this process used."""
+    with _stores_lock:
         stores = list(_stores.values())
-    total = dict(disk_hits=0, disk_misses=0, disk_writes=0, disk_rejected=0, disk_write_errors=0)
+    total = dict(hits=0, misses=0, writes=0, rejected=0, write_errors=0)
     for each in stores:
         for name, n in each.stats().items():
             total[name] += n

@@ -8,8 +8,8 @@ cuDNN uses the kernel cache only for dynamic-shape graphs, and only across graph
 one topology, so a cache here belongs to one (definition, device, determinism, input
 dtypes and ranks): what can change the topology a builder describes.
 
-Opt-in: ``register_graph(..., dynamic_shapes=True)`` > ``set_dynamic_shapes(True)``
-> ``TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES=1``; and only from cuDNN 9.21 (``MIN_BACKEND``).
+Opt-in: ``register_graph(..., dynamic_shapes=True)`` > the ``dynamic_shapes`` setting
+(settings.py); and only from cuDNN 9.21 (``MIN_BACKEND``).
 Measured on the H200 with cuDNN 9.19: the causal sdpa forward built with a kernel
 cache at a second length (264, after 136) wrote outputs up to 4.7 away from the static
 build's, through the frontend's own execute as through the native path, so below 9.21
@@ -25,13 +25,14 @@ still up); a graph built with one holds its own reference to it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any, Dict, Optional, Sequence
 
 import cudnn
 
-__all__ = ["KernelCacheSlot", "set_dynamic_shapes", "dynamic_shapes_enabled", "slot_for", "clear"]
+from ... import settings
+
+__all__ = ["KernelCacheSlot", "dynamic_shapes_enabled", "slot_for", "clear"]
 
 
 @dataclasses.dataclass
@@ -43,22 +44,11 @@ class KernelCacheSlot:
 
 _lock = threading.Lock()
 _slots: Dict[tuple, KernelCacheSlot] = {}
-_process_enabled: Optional[bool] = None  # None: follow TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES
-
-
-def set_dynamic_shapes(enabled: bool) -> None:
-    """Build graphs from now on with dynamic shapes and a kernel cache (those
-    registered with ``dynamic_shapes=False`` excepted)."""
-    global _process_enabled
-    _process_enabled = bool(enabled)
 
 
 def dynamic_shapes_enabled(per_graph: Optional[bool] = None) -> bool:
-    if per_graph is not None:
-        return bool(per_graph)
-    if _process_enabled is not None:
-        return _process_enabled
-    return os.environ.get("TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES", "0").strip() == "1"
+    """Whether a graph registered with ``dynamic_shapes=per_graph`` is built with dynamic shapes now."""
+    return bool(settings.resolve("dynamic_shapes", per_graph))
 
 
 MIN_BACKEND = 92100  # see the module docstring

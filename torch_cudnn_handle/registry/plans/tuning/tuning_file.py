@@ -1,4 +1,4 @@
-"""The tuning cache file: one JSON document of choices keyed by cuDNN and frontend
+"""The tuning file: one JSON document of choices keyed by cuDNN and frontend
 versions, GPU, graph, operand layout and determinism; merged and replaced atomically
 under an advisory lock, so concurrent processes never lose or tear each other's entries."""
 
@@ -10,7 +10,7 @@ import os
 import warnings
 from typing import Any, Dict, Mapping, Sequence
 
-from .._atomic_file import replace_atomically
+from ....atomic_file import replace_atomically
 from .choice import Spec
 
 

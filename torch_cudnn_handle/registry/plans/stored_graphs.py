@@ -1,12 +1,12 @@
-"""Built graphs on disk: the key of a description, and a stored plan loaded back, checked.
+"""Built graphs in the plan store: the key of a description, and a stored plan loaded back, checked.
 
-``plan_store.py`` keeps bytes; this module knows what they are: ``pygraph.serialize()``
+``store.py`` keeps bytes; this module knows what they are: ``pygraph.serialize()``
 of a built graph whose selected plan the cuDNN backend serves (the frontend's UBJSON
 graph format, the one the native path reads too). Frost (Python-engine) plans are never
 stored: their serialized form is another format, and their compiled kernels are the
 frontend's own business.
 
-The key (``plan_store.plan_key``) names the description by a fingerprint computed in
+The key (``store.plan_key``) names the description by a fingerprint computed in
 Python from the description itself (``pygraph.inspect()``: nodes, their parameters,
 every tensor's dims, strides, dtype and uid; plus what inspect() leaves out: each
 pass-by-value scalar, the intermediate type, the graph's plain options): ``graph.key()`` is the backend's hash and needs the graph
@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence, Tuple
 import cudnn
 import torch
 
-from ..native import decode_ubjson
-from . import plan_store
+from ...native.ubjson import decode_ubjson
+from . import store as plan_store
 
 __all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "serialized_plan", "store_blob"]
 

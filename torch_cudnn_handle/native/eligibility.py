@@ -1,141 +1,19 @@
-"""The native path: backend-served plans executed from C++, with no Python per call.
-
-When the registry has built a graph whose selected plan is served by the cuDNN backend
-(every plan on sm90), it hands the plan to the extension here, at the graph's second
-call (registry/cache.py; a layout used once never pays for it); the CUDA kernel of
-``cudnn_fe.execute`` then runs it directly: dispatcher -> pooled handle -> stream ->
-context check -> ``cudnnBackendExecute``. Plans served by the frontend's Python
-engines (frost) keep the Python path. What the frontend adds to a backend plan's call
-(pass-by-value scalars such as an attention scale, workspace tensors it zeroes such as
-an attention backward's accumulator, pointer replacements) the native path adds too;
-what it cannot (workspace tensors filled with copied data, tensor dumps, a serialized
-format it does not know) keeps the Python path. The choice is per built graph and
-visible (``BuiltGraph.native``, ``path_reason``, ``registry_stats()``).
-
-A native plan is, in addition, launched as a CUDA graph when a call's addresses repeat
-(populated by cuDNN where the engine supports its native CUDA graph API, otherwise
-captured from one execute), which skips cuDNN's host path (serialized across threads):
-Note [Native CUDA graph launch] in ``csrc/native/plan_graphs.h``;
-``set_native_cuda_graphs`` switches it.
-
-How the plan crosses over, and why that is safe: ``pygraph.serialize()`` of a backend
-plan is the frontend's documented serialized form (UBJSON, written by its C++
-``Graph::serialize``), whose ``cudnn_backend_data`` field is the backend's own JSON
-representation of the execution plan (``CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION``).
-The extension deserializes that JSON into a plan with the cuDNN backend C API alone
-(``cudnnBackend*`` from the one libcudnn the frontend loaded; see
-``csrc/backend/cudnn_library.h``), on a pooled handle of the device it will run on. No
-frontend C++ header is compiled into the extension, so nothing depends on which of two
-cudnn_frontend copies (the wheel's, libtorch_cuda's) the dynamic linker binds.
-"""
+"""Which built graphs the native path can serve, and what it needs to: ``backend_plan_of``
+reads a graph's serialized form (ubjson.py) and gives a ``NativePlanSpec`` (the backend
+plan's JSON and what the frontend would add to each call) or the reason it cannot."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import cudnn
 
-from . import _C
+from .. import settings
+from .ubjson import decode_ubjson
 
-__all__ = ["decode_ubjson", "backend_plan_of", "NativePlanSpec", "set_native_cuda_graphs", "native_cuda_graph_stats"]
-
-_FIXED = {
-    ord("i"): struct.Struct(">b"),
-    ord("U"): struct.Struct(">B"),
-    ord("I"): struct.Struct(">h"),
-    ord("l"): struct.Struct(">i"),
-    ord("L"): struct.Struct(">q"),
-    ord("d"): struct.Struct(">f"),
-    ord("D"): struct.Struct(">d"),
-}
-
-
-class _Reader:
-    """A decoder for UBJSON (ubjson.org, draft 12), the subset nlohmann::json writes."""
-
-    def __init__(self, data: bytes):
-        self.data = memoryview(data)
-        self.at = 0
-
-    def marker(self) -> int:
-        while True:
-            byte = self.data[self.at]
-            self.at += 1
-            if byte != ord("N"):  # no-op
-                return byte
-
-    def fixed(self, marker: int):
-        layout = _FIXED[marker]
-        (value,) = layout.unpack_from(self.data, self.at)
-        self.at += layout.size
-        return value
-
-    def length(self) -> int:
-        return int(self.fixed(self.marker()))
-
-    def text(self) -> str:
-        size = self.length()
-        value = bytes(self.data[self.at : self.at + size]).decode("utf-8")
-        self.at += size
-        return value
-
-    def value(self, marker: Optional[int] = None) -> Any:
-        marker = self.marker() if marker is None else marker
-        if marker in _FIXED:
-            return self.fixed(marker)
-        if marker == ord("Z"):
-            return None
-        if marker == ord("T"):
-            return True
-        if marker == ord("F"):
-            return False
-        if marker == ord("C"):
-            value = chr(self.data[self.at])
-            self.at += 1
-            return value
-        if marker in (ord("S"), ord("H")):
-            return self.text()
-        if marker in (ord("["), ord("{")):
-            return self.container(marker == ord("{"))
-        raise ValueError(f"UBJSON: unknown marker {chr(marker)!r} at byte {self.at - 1}")
-
-    def container(self, is_object: bool):
-        element_type = count = None
-        if self.data[self.at] == ord("$"):
-            self.at += 1
-            element_type = self.marker()
-        if self.data[self.at] == ord("#"):
-            self.at += 1
-            count = self.length()
-        out = {} if is_object else []
-        end = ord("}") if is_object else ord("]")
-        index = 0
-        while count is None or index < count:
-            if count is None and self.data[self.at] == end:
-                self.at += 1
-                break
-            key = self.text() if is_object else None
-            item = self.value(element_type)
-            if is_object:
-                out[key] = item
-            else:
-                out.append(item)
-            index += 1
-        return out
-
-
-def decode_ubjson(data: bytes) -> Any:
-    """The one value UBJSON ``data`` holds (what ``graph.serialize(as_bytes=True)`` returns)
-    as Python dicts, lists and scalars; a ValueError if bytes follow it."""
-    reader = _Reader(bytes(data))
-    value = reader.value()
-    if reader.at != len(reader.data):
-        raise ValueError(f"UBJSON: {len(reader.data) - reader.at} bytes after the value")
-    return value
-
+__all__ = ["NativePlanSpec", "backend_plan_of"]
 
 # What the frontend's serialized graph (``Graph::serialize``; json_version 2.0 in
 # frontend 1.32, 1.0 before) may hold for a plan to run natively. Keys that only
@@ -195,18 +73,6 @@ def _by_value_bytes(entry) -> bytes:
     return struct.pack("<f", as_float)[2:]  # bfloat16: the float32's high half (bf16 values are exact floats)
 
 
-def _frontend_dumps_tensors() -> bool:
-    """Whether the frontend logs the contents of a plan's ``tensors_to_dump`` (sdpa's
-    sequence lengths and ragged offsets) on every execute: only at log levels 1-9 of
-    ``CUDNN_FRONTEND_LOG_INFO``, read once by the frontend. The list is a debugging aid
-    and changes nothing the plan computes, so otherwise the native path ignores it."""
-    try:
-        level = int(os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0"))
-    except ValueError:
-        return False  # the frontend reads it with atoi: not a number is level 0
-    return 1 <= level < 10
-
-
 def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = None) -> Tuple[Optional[NativePlanSpec], str]:
     """``(spec, why)``: what ``_C.native_register`` needs when ``graph``'s selected plan
     can run natively with the operands ``uids`` and what the frontend adds per call,
@@ -226,7 +92,7 @@ def backend_plan_of(graph, uids: Tuple[int, ...], serialized: Optional[bytes] = 
     plan_json = document.get("cudnn_backend_data")
     if not isinstance(plan_json, str) or not plan_json:
         return None, "no backend plan in the serialized graph"
-    if document.get("tensors_to_dump") and _frontend_dumps_tensors():
+    if document.get("tensors_to_dump") and settings.frontend_dumps_tensors():
         return None, "the frontend's tensor dump is on (CUDNN_FRONTEND_LOG_INFO), which logs these tensors per call"
     try:  # a pass-by-value operand of the op itself (a host scalar input) is bound per call, never from here
         by_value = tuple(
@@ -264,24 +130,6 @@ def _supports_cuda_graphs(graph) -> bool:
         return cudnn.behavior_note.SUPPORTS_CUDA_GRAPH_NATIVE_API in graph.get_behavior_notes()
     except Exception:  # noqa: BLE001 -- a graph that cannot say is executed, never launched as a graph
         return False
-
-
-def set_native_cuda_graphs(enabled: bool) -> bool:
-    """Whether the native path may launch a plan as a CUDA graph when a call's addresses
-    repeat (Note [Native CUDA graph launch] in csrc/native/plan_graphs.h): on by default,
-    ``TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS=0`` turns it off at start. Results are the
-    same either way (the plan's kernels on the same addresses). Returns the previous
-    setting; without CUDA there is no native path, and it stays False."""
-    return bool(_C.set_native_cuda_graphs(bool(enabled))) if _C.with_cuda else False
-
-
-def native_cuda_graph_stats() -> dict:
-    """The native path's CUDA graphs, every pooled handle together: ``populated`` (by
-    cuDNN), ``captured`` (from an execute), ``launched``, ``failed`` (graphs cuDNN or CUDA
-    would not make; those calls executed), ``kept`` (alive now), and ``enabled``."""
-    if not _C.with_cuda:
-        return dict(populated=0, captured=0, launched=0, failed=0, kept=0, enabled=False)
-    return dict(_C.native_cuda_graph_counts(), enabled=bool(_C.native_cuda_graphs_enabled()))
 
 
 def _replacement_items(replacements):

@@ -1,5 +1,5 @@
 """Replacing a file so that no reader ever sees it half written: the plan tuning cache
-(plan_tuning/cache_file.py) and the plan store (registry/plan_store.py) both write this way."""
+(registry/plans/tuning/tuning_file.py) and the plan store (registry/plans/store.py) both write this way."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Definitions, and describing a graph from one.
+"""Describing a graph: a definition's builder run on a fresh ``cudnn.pygraph`` for given
+input specs (``describe``), and what the description says of the outputs (``Description``).
 
-A ``_Definition`` is what a graph id names: a builder plus its parameters (or one graph
-already built). ``_describe`` runs the builder on a fresh ``cudnn.pygraph`` description
-for given input specs. The fake kernel (torch.compile, meta/fake tensors, no GPU) asks
-only for the description's output layout, never a build. An output whose layout the
+The fake kernel (torch.compile, meta/fake tensors, no GPU) asks only for the
+description's output layout, never a build. An output whose layout the
 builder declared is a contract (build.py checks the build writes it); an undeclared
 one is described with the strides cuDNN picks for it (output_strides.py), and the
 build's own layout is what the op allocates. Host scalars (one-element CPU tensors)
@@ -13,59 +12,33 @@ builder.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
+import functools
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import cudnn
 import torch
 
 from .. import _C
-from .data_types import GraphDataTypes
-from .operand_views import OperandViews, described_specs, natural_outputs
+from ..pool import current_handle
+from .definition import Definition
+from .operand_views import described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
 from .ragged import RaggedOperands
 from .specs import GraphLayout, TensorSpec, cudnn_data_type_of, torch_dtype_of
 
-if TYPE_CHECKING:
-    from .build import BuiltGraph
 
 
-@dataclasses.dataclass
-class _Definition:
-    """What a graph id names. Lives as long as the process; only ``built`` ever changes
-    (the atexit hook drops it)."""
+class Description(NamedTuple):
+    """A described (not built) graph: the pygraph, its input and output tensors in the op's
+    order, and the outputs' layout as the op returns them."""
 
-    graph_id: int
-    name: str
-    builder: Optional[Callable[..., Any]]
-    params: Dict[str, Any]
-    num_inputs: Optional[int]  # None: the builder takes *inputs
-    backward_id: Optional[int] = None  # the paired backward graph, if any
-    backward_operands: Optional[Callable[..., Sequence[torch.Tensor]]] = None  # None: declared (autograd_record.py)
-    backward_fn: Optional[Callable[..., Sequence[Optional[torch.Tensor]]]] = None  # or a torch-level backward
-    built: Optional[BuiltGraph] = None  # a registered built graph: the only one this id runs
-    tune: Optional[bool] = None  # time the candidate plans (plan_tuning/); None: the process-wide setting
-    output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
-    data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
-    dynamic_shapes: Optional[bool] = None  # build with dynamic shapes and a kernel cache (kernel_caches.py); None: the process-wide setting
-    ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
-    views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
-
-    def call_specs(self, specs: Sequence[TensorSpec]) -> Tuple[TensorSpec, ...]:
-        """What keys and describes a call: its specs, a packed input's token count left out."""
-        return tuple(specs) if self.ragged is None else self.ragged.call_specs(specs)
+    graph: Any
+    inputs: List[Any]
+    outputs: List[Any]
+    layout: GraphLayout
 
 
-def _default_backward_operands(grad_outputs, inputs, outputs):
-    return [*grad_outputs, *inputs, *outputs]
-
-
-# ---------------------------------------------------------------------------------
-# Describing
-
-
-def _validate_description(graph) -> None:
+def validate_description(graph) -> None:
     """Run the frontend's validate(): shape/stride inference over the description,
     then the backend's own check. The backend check needs the CUDA driver; on a machine
     without one, inference has already run when it fails, and that is all a layout
@@ -86,12 +59,10 @@ def describing_handle(device: Optional[int]):
     tensors of no ordinal: the current device's)."""
     if not (_C.with_cuda and torch.cuda.is_available()):
         return None
-    from ..pool import current_handle
-
     return current_handle(torch.cuda.current_device() if device is None else device)
 
 
-def _returned_tensors(definition: _Definition, result) -> list:
+def returned_tensors(definition: Definition, result) -> list:
     """A builder's result as a list: one ``cudnn.Tensor``, or a list or tuple of them
     (None where an output is skipped). Anything else is the builder's mistake, named."""
     fix = "return the cudnn.Tensor a graph node gave (e.g. graph.relu(x)), or a list of them"
@@ -105,9 +76,9 @@ def _returned_tensors(definition: _Definition, result) -> list:
     return list(result)
 
 
-def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None, **graph_options):
+def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
     """Run the definition's builder on a fresh graph description for ``specs``;
-    ``graph_options``: more ``cudnn.pygraph`` arguments (routes.py: a kernel cache)."""
+    ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache)."""
     io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
     graph = cudnn.pygraph(
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
@@ -119,7 +90,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
     inputs = [_input_tensor(graph, i, spec, described, ragged) for i, spec in enumerate(described)]
     if ragged is not None:
         ragged.set_offsets(inputs)
-    returned = _returned_tensors(definition, definition.builder(graph, *inputs, **definition.params))
+    returned = returned_tensors(definition, _run_builder(definition, graph, inputs))
     outputs, positions = [], []
     for position, tensor in enumerate(returned):
         if tensor is not None:
@@ -135,7 +106,7 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         raise ValueError(f"graph {definition.name!r}: the builder returned no output tensor")
     if ragged is not None:
         ragged.check_builder_kept(inputs)
-    _validate_description(graph)
+    validate_description(graph)
     inferred = undeclared_output_strides(graph)
     out_specs = []
     for i, tensor in enumerate(outputs):
@@ -151,7 +122,32 @@ def _describe(definition: _Definition, specs: Sequence[TensorSpec], handle=None,
         packed = [ragged.packed_output(i, tensor, spec, inputs) for i, (tensor, spec) in enumerate(zip(outputs, out_specs))]
         out_specs, tokens_like = [spec for spec, _ in packed], tuple(like for _, like in packed)
     layout = GraphLayout(natural_outputs(definition.name, definition.views, specs, tuple(out_specs)), tuple(positions), declared, tokens_like)
-    return graph, inputs, outputs, layout
+    return Description(graph, inputs, outputs, layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def described_layout(definition: Definition, specs: Tuple[TensorSpec, ...], device: Optional[int]) -> GraphLayout:
+    """The output layout a call of ``definition`` with ``specs`` returns, from its
+    description (the fake kernel's, and the op's backward positions); cached per
+    definition and specs, least recently used dropped first. Thread-safe: two first
+    callers may both describe (a description is pure), never a wrong layout."""
+    return describe(definition, specs, describing_handle(device)).layout
+
+
+def _run_builder(definition: Definition, graph, inputs):
+    """The builder's result. A Python number where a node takes a tensor fails deep in the
+    frontend ("'float' object has no attribute 'shape'"): said here, with the fix."""
+    try:
+        return definition.builder(graph, *inputs, **definition.params)
+    except AttributeError as error:
+        number = next((kind for kind in ("float", "int", "bool") if str(error).startswith(f"'{kind}' object has no attribute")), None)
+        if number is None:
+            raise
+        raise TypeError(
+            f"graph {definition.name!r}: the builder passed a Python {number} where a graph node takes a tensor (the frontend "
+            f"said: {error}). Make the constant a graph tensor, graph.tensor_scalar(value, cudnn.data_type.FLOAT), or pass it "
+            "as a host-scalar input of the op (torch.tensor(value): one build serves every value)."
+        ) from error
 
 
 # Note [Tensors of fewer than 3 dims]: cuDNN 9.19 (with frontend 1.32) computes a graph
@@ -195,7 +191,7 @@ def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpe
     )
 
 
-def _output_dtype(definition: _Definition, index: int, tensor) -> torch.dtype:
+def _output_dtype(definition: Definition, index: int, tensor) -> torch.dtype:
     dtype = torch_dtype_of(tensor.data_type)
     if dtype is None:
         raise ValueError(
@@ -203,47 +199,3 @@ def _output_dtype(definition: _Definition, index: int, tensor) -> torch.dtype:
             "(a packed or unset type); set_data_type() it to one torch has (torch dtypes are accepted)"
         )
     return dtype
-
-
-# ---------------------------------------------------------------------------------
-# Checking a call against a definition
-
-
-def _positional_arity(builder) -> Optional[int]:
-    """How many inputs a builder ``f(graph, *inputs, **params)`` takes, or None for *args."""
-    try:
-        parameters = list(inspect.signature(builder).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return None
-    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
-
-
-def _check_arity(definition: _Definition, count: int) -> None:
-    if definition.num_inputs is not None and count != definition.num_inputs:
-        raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
-
-
-def _check_built_graph_inputs(definition: _Definition, device: int, inputs: Sequence[torch.Tensor]) -> BuiltGraph:
-    """A registered built graph runs only on its device and only for the inputs it was built for."""
-    built = definition.built
-    if device != built.device:
-        raise ValueError(
-            f"cudnn_fe.execute: graph {definition.name!r} was built for cuda:{built.device} but the inputs are on "
-            f"cuda:{device}; a built graph never runs on another device. Move the inputs, or register a builder "
-            "(register_graph) so the graph is built per device."
-        )
-    _check_built_graph_specs(definition, [TensorSpec.of(t) for t in inputs])
-    return built
-
-
-def _check_built_graph_specs(definition: _Definition, specs: Sequence[TensorSpec]) -> None:
-    _check_arity(definition, len(specs))
-    for i, (got, expected) in enumerate(zip(specs, definition.built.inputs)):
-        if got != expected:
-            raise ValueError(
-                f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {got.describe()}, but the graph was built "
-                f"for {expected.describe()}. Pass a tensor of that layout (e.g. .contiguous() / .to(dtype)), or register "
-                "a builder (register_graph) so a graph is built for each layout."
-            )

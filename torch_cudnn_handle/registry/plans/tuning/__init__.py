@@ -1,8 +1,8 @@
 """Tuned plan choice: time the heuristics' candidate plans once, keep the fastest.
 
 ``graph.build([A, FALLBACK])`` takes the heuristics' first plan that builds. With
-tuning on (``register_graph(..., tune=True)``, ``set_plan_tuning(True)`` or
-``TORCH_CUDNN_HANDLE_TUNE=1``; a per-graph ``tune=`` wins over both), the build instead
+tuning on (``register_graph(..., tune=True)``, or the ``plan_tuning`` setting:
+``settings.set_plan_tuning(True)`` / ``TORCH_CUDNN_HANDLE_TUNE=1``; a per-graph ``tune=`` wins), the build instead
 builds every plan the frontend offers for this exact graph, times each on the GPU and
 selects the fastest, so ``graph.execute`` and ``graph.serialize()`` (hence the native
 path) both run it. Choices persist in a JSON file, so another process builds just the
@@ -22,76 +22,40 @@ Frontend calls relied on (``cudnn._pygraph.pygraph``, 1.32):
   * ``key()``: the backend's hash of the serialized graph (dims and strides are dropped
     in dynamic-shape mode, so the layout is added to the cache key too).
 
-The package: ``choice.py`` (what a build selected), ``cache_file.py`` (the JSON cache),
-``timing.py`` (building and timing the candidates); here the settings, the stats and
+The package: ``choice.py`` (what a build selected), ``tuning_file.py`` (the JSON file of
+choices), ``timing.py`` (building and timing the candidates); here the stats and
 ``build_graph``, which the registry's build calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import cudnn
 import torch
 
-from .cache_file import cache_key, read_cache, write_cache_entries
+from .... import settings
+from .tuning_file import cache_key, read_cache, write_cache_entries
 from .choice import HEURISTICS, PlanChoice, Spec
 from .timing import time_candidates
 
-__all__ = ["PlanChoice", "build_graph", "set_plan_tuning", "tuning_stats", "tuning_enabled", "cache_path", "cache_key", "read_cache", "write_cache_entries"]
+__all__ = ["PlanChoice", "build_graph", "tuning_stats", "tuning_enabled", "cache_path", "cache_key", "read_cache", "write_cache_entries"]
 
 
-# -- settings: per graph > set_plan_tuning() > environment ---------------------------
-
-_process_enabled: Optional[bool] = None  # None: follow TORCH_CUDNN_HANDLE_TUNE
-_process_cache_file: Optional[str] = None  # None: TORCH_CUDNN_HANDLE_TUNING_CACHE, else the default
-
-
-def set_plan_tuning(enabled: bool, cache_file: Optional[str] = None) -> None:
-    """Tune graphs built from now on (those registered with ``tune=False`` excepted);
-    ``cache_file`` replaces the cache file's path (None keeps the current one); its
-    directory must exist."""
-    global _process_enabled, _process_cache_file
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_plan_tuning: enabled must be True or False, got {enabled!r} ({type(enabled).__name__})")
-    if cache_file is not None:
-        cache_file = os.fspath(cache_file)
-        directory = os.path.dirname(os.path.abspath(cache_file))
-        if not os.path.isdir(directory):
-            raise ValueError(
-                f"set_plan_tuning: cache_file {cache_file!r} is in a directory that does not exist ({directory}); "
-                "create it first (os.makedirs) or pass a path in an existing directory"
-            )
-        _process_cache_file = cache_file
-    _process_enabled = enabled
-
-
-def resolve_tuning(per_graph: Optional[bool], process: Optional[bool], environ: Mapping[str, str]) -> bool:
-    if per_graph is not None:
-        return bool(per_graph)
-    if process is not None:
-        return process
-    return environ.get("TORCH_CUDNN_HANDLE_TUNE", "0").strip() == "1"
-
-
-def resolve_cache_path(process: Optional[str], environ: Mapping[str, str]) -> str:
-    return process or environ.get("TORCH_CUDNN_HANDLE_TUNING_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle", "plan_tuning.json")
+# -- settings (settings.py: plan_tuning, tuning_file; a per-graph tune= wins) -----------
 
 
 def tuning_enabled(per_graph: Optional[bool] = None) -> bool:
-    """Whether a graph registered with ``tune=per_graph`` is tuned now (per graph, then
-    ``set_plan_tuning``, then ``TORCH_CUDNN_HANDLE_TUNE``)."""
-    return resolve_tuning(per_graph, _process_enabled, os.environ)
+    """Whether a graph registered with ``tune=per_graph`` is tuned now."""
+    return bool(settings.resolve("plan_tuning", per_graph))
 
 
 def cache_path() -> str:
-    """The tuning cache file in use (``set_plan_tuning``'s, ``TORCH_CUDNN_HANDLE_TUNING_CACHE``
-    or ~/.cache/torch_cudnn_handle/plan_tuning.json)."""
-    return resolve_cache_path(_process_cache_file, os.environ)
+    """The tuning file in use (the ``tuning_file`` setting)."""
+    return settings.get("tuning_file")
 
 
 # -- stats (thread-safe) ---------------------------------------------------------------
@@ -167,7 +131,9 @@ def build_graph(
     lap("heuristics")
     graph.check_support()
     lap("support")
-    key, path = _key_of(graph, device, layout, deterministic), cache_path()
+    # An unusable tuning file's folder (one warning, settings.py): tune, but neither read nor persist.
+    path = cache_path() if settings.usable_directory("tuning_file") is not None else None
+    key = _key_of(graph, device, layout, deterministic) if path is not None else None
 
     cached = read_cache(path).get(key) if key is not None else None
     if cached is not None and _select_cached(graph, cached):

@@ -11,7 +11,7 @@ problems. The op keeps torch's meaning instead: a bool input is packed into a sc
 buffer before the graph runs, a bool output is written packed into scratch and unpacked
 into the tensor the op returns (or the ``out`` it was given), all on the current stream
 with torch ops, so a CUDA-graph capture records them too. Such graphs run on the Python
-path (registry/build.py says so in ``path_reason``).
+path (native/binding.py says so in ``path_reason``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from typing import List, Sequence, Tuple
 import torch
 from torch._prims_common import compute_required_storage_length
 
-from .registry.specs import is_host_scalar
+from ..registry.specs import is_host_scalar
 
-__all__ = ["NATIVE_REASON", "has_bool", "pack_call", "unpack_outputs"]
-
-NATIVE_REASON = "a torch.bool operand, packed to cuDNN's bits per call on the Python path (Note [Bit-packed booleans])"
+__all__ = ["has_bool", "pack_call", "unpack_outputs"]
 
 
 def has_bool(*spec_lists: Sequence) -> bool:

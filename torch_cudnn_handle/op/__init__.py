@@ -1,0 +1,49 @@
+"""``torch.ops.cudnn_fe.execute``, ``execute.out`` and ``execute_``: the op's Python face.
+
+The schemas and the CUDA, autograd and in-place kernels are C++ (csrc/op). Here:
+
+  * ``eager.py``: ``execute``, ``execute_out``, ``execute_``, the entries users call;
+  * ``checks.py``: the one device rule, and what the op refuses;
+  * ``python_path.py``: every CUDA call no native plan served (the C++ kernel sends it);
+  * ``fake.py``: the fake kernels (torch.compile, meta tensors, no GPU);
+  * ``backward.py``: the autograd node's Python backward;
+  * ``bool_operands.py``, ``overlap.py``: torch.bool operands, memory overlap.
+
+Importing this module registers the Python kernels with the extension and torch.library.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .. import _C
+from . import backward, fake, python_path
+from .checks import call_device, refuse_off_gpu
+from .eager import execute, execute_, execute_out
+
+__all__ = ["execute", "execute_out", "execute_"]
+
+
+def _refuse_off_gpu(graph: int, inputs: List[torch.Tensor], **_out):
+    """Every dispatch that reaches no CUDA kernel: CPU tensors, another backend, or no
+    tensor at all (the dispatcher's Undefined slot, which CompositeExplicitAutograd fills)."""
+    call_device(graph, inputs)  # no input, only host scalars, several devices: named
+    refuse_off_gpu(graph, inputs)
+
+
+def _refuse_off_gpu_in_place(graph: int, inputs: List[torch.Tensor], written: List[torch.Tensor]):
+    _refuse_off_gpu(graph, _C.merge_in_place(graph, inputs, written))
+
+
+_C._set_python_kernels(python_path.execute, python_path.execute_out, python_path.execute_in_place, backward.backward,
+                       backward.run_declared_backward)
+_lib = torch.library.Library("cudnn_fe", "IMPL")
+for _key in ("CPU", "CompositeExplicitAutograd"):
+    _lib.impl("execute", _refuse_off_gpu, _key)
+    _lib.impl("execute.out", _refuse_off_gpu, _key)
+    _lib.impl("execute_", _refuse_off_gpu_in_place, _key)
+torch.library.register_fake("cudnn_fe::execute", fake.execute, lib=_lib)
+torch.library.register_fake("cudnn_fe::execute.out", fake.execute_out, lib=_lib)
+torch.library.register_fake("cudnn_fe::execute_", fake.execute_in_place, lib=_lib)

@@ -1,0 +1,150 @@
+"""The Python path of the CUDA kernels: every call no native plan served.
+
+The C++ kernel (csrc/op/cuda_kernels.cpp) runs a call a native plan serves with no
+Python at all and sends every other call here, on the inputs' device, this thread's
+pooled handle and the right context: the registry builds the graph on first use (its
+binding may hand the plan to the native path then, or at its second call: Note [The
+native hand-over]), which then runs the call too; otherwise (graphs the native path
+cannot serve, a first call under ``second_call``) the frontend's ordered execute runs it,
+with outputs and workspace from torch's caching allocator on the current stream. Nothing
+here synchronizes or allocates outside torch, so a warm call is capturable.
+
+Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the host
+address cuDNN reads the value from when the plan executes (once, at capture, in a
+CUDA-graph capture: every replay uses that value, as torch does with a CPU scalar).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Sequence
+
+import torch
+
+from .. import _C, registry
+from ..pool import current_handle
+from ..registry.specs import TensorSpec
+from . import bool_operands
+from .checks import call_device, check_in_place, check_out, check_out_overlap, refuse_off_gpu
+
+__all__ = ["built_for_call", "execute", "execute_out", "execute_in_place"]
+
+
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
+    """The graph built for these inputs; ``call``: the op runs it now (a pending native
+    hand-over happens first), else only its layout is wanted."""
+    device = call_device(graph_id, inputs)
+    if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
+        refuse_off_gpu(graph_id, inputs)
+    key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
+    return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call)
+
+
+# Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,
+# and cuDNN's kernels assume it: a 2-byte aligned view failed with
+# CUDNN_STATUS_EXECUTION_FAILED_CUBLAS). A view that is not aligned is staged through an
+# aligned copy of the same layout, on the current stream; the native kernel sends such
+# calls here.
+_ALIGNMENT = 16
+
+
+def _aligned(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    def aligned(t: torch.Tensor) -> torch.Tensor:
+        if t.is_cpu or t.data_ptr() % _ALIGNMENT == 0:  # a host scalar is read by value on the host
+            return t
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+    return [aligned(t) for t in tensors]
+
+
+def _empty_outputs(built, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    specs = built.layout.outputs_for([t.shape for t in inputs])  # a packed output: the T of the input it is like
+    device = torch.device("cuda", built.device)  # inputs[0] may be a host scalar
+    return [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device) for s in specs]
+
+
+def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    handle = current_handle(built.device)
+    if torch.cuda.is_current_stream_capturing():
+        _C.keep_alive_while_captured(built)  # its plan (a frost plan's kernels too) outlives any eviction
+    workspace = (
+        torch.empty(built.workspace_size, dtype=torch.uint8, device=torch.device("cuda", built.device)) if built.workspace_size else None
+    )
+    inputs, launched_outputs = _aligned(inputs), outputs
+    packing = bool_operands.has_bool(built.inputs, built.layout.outputs)  # Note [Bit-packed booleans]
+    if packing:
+        inputs, launched_outputs = bool_operands.pack_call(inputs, outputs)
+    buffers = [*inputs, *launched_outputs]
+    if built.graph_views is not None:  # the graph's own views of natural operands (registry/operand_views.py)
+        buffers = [t if t.is_cpu else t.as_strided(*view) for t, view in zip(buffers, built.graph_views)]
+    built.graph.execute(buffers, workspace, handle=handle, tensor_uids=built.uids)
+    if packing:
+        bool_operands.unpack_outputs(outputs, launched_outputs)
+
+
+def _first_launch_timed(built, launch):
+    """``launch()``; a built graph's first launch is timed on the host into its
+    ``phase_seconds["first_execution"]`` (registry/build_timing.py)."""
+    if built.phase_seconds is None or "first_execution" in built.phase_seconds:
+        return launch()
+    started = time.perf_counter()
+    result = launch()
+    registry.record_first_execution(built, time.perf_counter() - started)
+    return result
+
+
+def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    built = built_for_call(graph_id, inputs)
+
+    def run():
+        outputs = built.binding.run(graph_id, inputs)  # native since this call's build or hand-over
+        if outputs is None:
+            outputs = _empty_outputs(built, inputs)
+            _launch(built, inputs, outputs)
+        return outputs
+
+    return _first_launch_timed(built, run)
+
+
+def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
+    built = built_for_call(graph_id, inputs)
+    check_out(graph_id, built.layout, out, torch.device("cuda", built.device), inputs)
+    check_out_overlap(graph_id, inputs, out)
+
+    def run():
+        if built.binding.run_out(graph_id, inputs, out):
+            return
+        staged = _aligned(out)
+        _launch(built, inputs, staged)
+        for target, written in zip(out, staged):
+            if written is not target:
+                target.copy_(written)
+
+    _first_launch_timed(built, run)
+
+
+def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
+    merged them). Returns the outputs not written in place."""
+    built = built_for_call(graph_id, inputs)
+    writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])
+
+    def run():
+        others = built.binding.run_in_place(graph_id, inputs)
+        if others is not None:
+            return others
+        outputs = _empty_outputs(built, inputs)
+        others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
+        # A misaligned written input is staged through one aligned copy, read and written
+        # there (the same binding), then copied back. (A bool one is bit-packed by _launch,
+        # read from the packed copy and unpacked into it.)
+        staged = _aligned(inputs)
+        for output, input_ in writes:
+            outputs[output] = staged[input_]
+        _launch(built, staged, outputs)
+        for _, input_ in writes:
+            if staged[input_] is not inputs[input_]:
+                inputs[input_].copy_(staged[input_])
+        return others
+
+    return _first_launch_timed(built, run)

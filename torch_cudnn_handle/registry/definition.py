@@ -1,0 +1,173 @@
+"""``Definition``: what a graph id names, the checks that make one, and the table of them.
+
+A definition is a builder plus its parameters and options (or, for a registered built
+graph, only its arity: the graph cache holds that graph), made once by ``define`` and
+fixed for the life of the process. ``define`` checks everything that can be checked
+before a call: the builder and its options, ragged and in-place declarations, the
+backward against its forward (``backward.declare``, which also hands the graph's record
+to C++). A backward graph is a definition of its own, with its own id.
+
+Thread safety: ``Definitions`` takes one lock for its table; definitions never change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import threading
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from . import backward as backward_record
+from .backward import Backward
+from .data_types import GraphDataTypes
+from .in_place import declared_writes
+from .operand_views import OperandViews
+from .ragged import RaggedOperands
+from .specs import TensorSpec
+
+__all__ = ["Definition", "Definitions", "positional_arity", "check_arity"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Definition:
+    """What a graph id names; hashed by identity (one per id)."""
+
+    graph_id: int
+    name: str
+    builder: Optional[Callable[..., Any]]  # None: a registered built graph (graph_cache.py holds it)
+    params: Mapping[str, Any]
+    num_inputs: Optional[int]  # None: the builder takes *inputs
+    backward: Optional[Backward] = None  # how a call is differentiated (backward.py)
+    backward_id: Optional[int] = None  # the backward graph of a Backward.graph
+    tune: Optional[bool] = None  # time the candidate plans (plans/tuning/); None: the setting
+    output_shapes: Optional[Callable[..., Sequence[Sequence]]] = None  # fn(*input_shapes) under dynamic shapes (symbolic.py)
+    data_types: GraphDataTypes = GraphDataTypes()  # io/intermediate/compute the author chose (data_types.py)
+    dynamic_shapes: Optional[bool] = None  # with dynamic shapes and a kernel cache (plans/kernel_caches.py); None: the setting
+    ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
+    views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
+
+    @property
+    def is_built(self) -> bool:
+        return self.builder is None
+
+    def call_specs(self, specs: Sequence[TensorSpec]) -> Tuple[TensorSpec, ...]:
+        """What keys and describes a call: its specs, a packed input's token count left out."""
+        return tuple(specs) if self.ragged is None else self.ragged.call_specs(specs)
+
+
+def positional_arity(builder) -> Optional[int]:
+    """How many inputs a builder ``f(graph, *inputs, **params)`` takes, or None for *args."""
+    try:
+        parameters = list(inspect.signature(builder).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return None
+    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
+
+
+def check_arity(definition: Definition, count: int) -> None:
+    if definition.num_inputs is not None and count != definition.num_inputs:
+        raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
+
+
+class Definitions:
+    """Every definition of this process, by id."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._table: Dict[int, Definition] = {}
+
+    def _add(self, **fields) -> int:
+        with self._lock:
+            graph_id = next(self._ids)
+            self._table[graph_id] = Definition(graph_id=graph_id, **fields)
+            return graph_id
+
+    def get(self, graph_id: int) -> Definition:
+        definition = self._table.get(graph_id)
+        if definition is None:
+            raise ValueError(
+                f"cudnn_fe.execute: unknown graph id {graph_id}; ids come from torch_cudnn_handle.register_graph() "
+                "(or register_built_graph()) in this process"
+            )
+        return definition
+
+    def find(self, graph_id: int) -> Optional[Definition]:
+        return self._table.get(graph_id)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def all(self) -> list:
+        with self._lock:
+            return list(self._table.values())
+
+    def differentiable(self, graph_id: int) -> Definition:
+        """The definition of ``graph_id``, which must have a backward."""
+        forward = self.get(graph_id)
+        if forward.backward is None:
+            raise RuntimeError(
+                f"graph {forward.name!r} (id {graph_id}) has no backward, so it cannot be differentiated; register it "
+                "with register_graph(builder, backward=Backward.graph(backward_builder)) or backward=Backward.function(fn)"
+            )
+        return forward
+
+    def add_built(self, name: str, num_inputs: int) -> int:
+        """The id of a registered built graph (graph_cache.py keeps the graph itself)."""
+        return self._add(name=name, builder=None, params={}, num_inputs=num_inputs)
+
+    def define(
+        self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
+        output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
+    ) -> int:
+        """Check a registration and add its definitions (the forward's, and a backward
+        graph's); returns the forward's id, its record declared in C++."""
+        if builder is None:
+            raise TypeError("register_graph: expected a builder callable, got None")
+        for what, fn in (("builder", builder), ("output_shapes", output_shapes)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
+        if views is not None and not isinstance(views, OperandViews):
+            raise TypeError(f"register_graph: views must be an OperandViews, got {type(views).__name__}")
+        if backward is not None and not isinstance(backward, Backward):
+            raise TypeError(f"register_graph: backward must be a Backward (Backward.graph/.steps/.function), got {type(backward).__name__}")
+        if not isinstance(params, Mapping):
+            raise TypeError(f"register_graph: params must be a dict of the builder's keyword arguments, got {type(params).__name__}")
+        name = name or getattr(builder, "__name__", "graph")
+        num_inputs = positional_arity(builder)
+        packed = RaggedOperands.declared(name, ragged, num_inputs)
+        if packed is not None:
+            if tune:
+                raise ValueError(
+                    f"register_graph({name!r}): a graph with ragged operands cannot be tuned (tuning runs the candidates on "
+                    "random data, which are no valid offsets); drop tune=True"
+                )
+            tune = False
+        writes = declared_writes(name, in_place, num_inputs)
+        if writes and (views is not None or packed is not None):
+            raise ValueError(
+                f"register_graph({name!r}): in_place writes into the op's own input buffers, and a graph whose operands "
+                "are views (views=) or packed (ragged=) sees them otherwise; write those outputs as new tensors (drop "
+                "in_place)"
+            )
+        for step_graph in backward.graph_ids() if backward is not None else ():
+            self.get(step_graph)  # an unknown step graph fails here, not in a backward
+        backward_id = backward_arity = None
+        if backward is not None and backward.kind == "graph":
+            backward_arity = positional_arity(backward.builder)
+            backward_packed = RaggedOperands.declared(f"{name}_backward", backward.ragged, backward_arity)
+            backward_id = self._add(
+                name=f"{name}_backward", builder=backward.builder, params=dict(params), num_inputs=backward_arity,
+                tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
+                views=backward.views,
+            )
+        graph_id = self._add(
+            name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
+            tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
+        )
+        backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
+                                backward_arity=backward_arity, in_place=writes)
+        return graph_id

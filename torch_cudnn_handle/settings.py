@@ -1,0 +1,323 @@
+"""torch_cudnn_handle's settings: every environment variable the library reads, and its setter.
+
+``SETTINGS`` names each setting once: its environment variable, kind, default and
+meaning (README.md's table is checked against it). A setting's value comes from, first
+to last: ``set(name, value)`` (or its named wrapper below), the environment variable
+(read at each use, so a launcher or a test may change it), the default. A per-graph
+option of ``register_graph`` (``tune=``, ``dynamic_shapes=``) wins over all three
+(``resolve``). Setters return the previous value.
+
+Environment values are parsed strictly: a boolean takes ``0/1/true/false/on/off`` in any
+case, and anything else raises at its first use with an error naming the variable, the
+value and what it accepts; an empty value counts as unset. A directory that cannot be
+created or written is a warning naming it, once, and the feature using it is off.
+Deprecated spellings of a variable (``old_variables``) still work for one release, with a
+DeprecationWarning naming the new one.
+
+Thread safety: ``set`` is atomic; a reader sees the old value or the new one. Build-time
+variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``TORCH_CUDNN_HANDLE_WITH_CUDA``) are setup.py's:
+the package never reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+__all__ = [
+    "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "usable_directory", "markdown_table",
+    "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
+    "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_verify",
+]
+
+_TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    variable: str
+    kind: str  # "bool" | "choice" | "int" | "directory" | "file"
+    default: Any
+    meaning: str
+    choices: Tuple[str, ...] = ()
+    old_variables: Tuple[str, ...] = ()  # deprecated spellings, read with a DeprecationWarning
+
+    def accepts(self) -> str:
+        return {
+            "bool": "0/1/true/false/on/off (any case)",
+            "choice": " or ".join(repr(c) for c in self.choices),
+            "int": "a positive integer (at least 1)",
+            "directory": "a directory path",
+            "file": "a file path",
+        }[self.kind]
+
+
+_CACHE = os.path.join("~", ".cache", "torch_cudnn_handle")
+
+SETTINGS: Tuple[Setting, ...] = (
+    Setting("native_path", "TORCH_CUDNN_HANDLE_NATIVE", "bool", True,
+            "run backend plans from C++, with no Python per call (graphs built from now on; CUDA builds only)"),
+    Setting("native_hand_over", "TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "choice", "build",
+            "when a plan moves to the native path: at its build, or at its second call", choices=("build", "second_call")),
+    Setting("native_cuda_graphs", "TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS", "bool", True,
+            "launch a native plan as a CUDA graph once a call's addresses repeat"),
+    Setting("dynamic_shapes", "TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES", "bool", False,
+            "build with dynamic shapes and a kernel cache per graph structure (cuDNN 9.21 or newer)"),
+    Setting("plan_store", "TORCH_CUDNN_HANDLE_PLAN_STORE", "bool", True,
+            "keep built plans on disk, so later processes load them instead of building",
+            old_variables=("TORCH_CUDNN_HANDLE_PLAN_CACHE",)),
+    Setting("plan_store_dir", "TORCH_CUDNN_HANDLE_PLAN_STORE_DIR", "directory", os.path.join(_CACHE, "plans"),
+            "where the plan store keeps its files", old_variables=("TORCH_CUDNN_HANDLE_CACHE_DIR",)),
+    Setting("plan_tuning", "TORCH_CUDNN_HANDLE_TUNE", "bool", False,
+            "time every candidate plan of a new graph once and keep the fastest"),
+    Setting("tuning_file", "TORCH_CUDNN_HANDLE_TUNING_FILE", "file", os.path.join(_CACHE, "plan_tuning.json"),
+            "the JSON file that keeps tuned plan choices", old_variables=("TORCH_CUDNN_HANDLE_TUNING_CACHE",)),
+    Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024,
+            "built graphs kept in memory; the least recently used is evicted first"),
+    Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False,
+            "check each plan's first run at each layout against the torch interpreter"),
+)
+
+_BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+_lock = threading.Lock()
+_overrides: Dict[str, Any] = {}  # name -> the value set() gave
+_watchers: Dict[str, List[Callable[[Any], None]]] = {}  # name -> called with each new value
+_warned: set = set()  # (variable or setting, value) already warned about
+
+
+def _setting(name: str) -> Setting:
+    setting = _BY_NAME.get(name)
+    if setting is None:
+        raise KeyError(f"torch_cudnn_handle.settings: no setting {name!r}; the settings are {', '.join(_BY_NAME)}")
+    return setting
+
+
+def _parse(setting: Setting, text: str, where: str) -> Any:
+    """An environment value of ``setting`` (``where`` names the variable), strictly."""
+    value = text.strip()
+    lowered = value.lower()
+    if setting.kind == "bool" and lowered in _TRUE + _FALSE:
+        return lowered in _TRUE
+    if setting.kind == "choice" and value in setting.choices:
+        return value
+    if setting.kind == "int" and value.isdigit() and int(value) >= 1:
+        return int(value)
+    if setting.kind in ("directory", "file"):
+        return os.path.expanduser(value)
+    raise ValueError(f"{where}={text!r} is not a valid value; it takes {setting.accepts()} ({setting.meaning})")
+
+
+def _from_environment(setting: Setting) -> Tuple[bool, Any]:
+    """(found, value) of the setting's variable, or of a deprecated spelling of it."""
+    for variable in (setting.variable, *setting.old_variables):
+        text = os.environ.get(variable)
+        if text is None or not text.strip():
+            continue
+        if variable != setting.variable:
+            _warn_once(
+                (variable, "deprecated"),
+                f"{variable} is deprecated and will be removed in the next release; set {setting.variable} instead",
+                DeprecationWarning,
+            )
+        return True, _parse(setting, text, variable)
+    return False, None
+
+
+def get(name: str) -> Any:
+    """The value of setting ``name`` now: set() > environment variable > default."""
+    setting = _setting(name)
+    with _lock:
+        if name in _overrides:
+            return _overrides[name]
+    found, value = _from_environment(setting)
+    if found:
+        return value
+    return os.path.expanduser(setting.default) if setting.kind in ("directory", "file") else setting.default
+
+
+def resolve(name: str, per_graph: Optional[Any]) -> Any:
+    """A per-graph choice (a ``register_graph`` option) if made, else ``get(name)``."""
+    return get(name) if per_graph is None else per_graph
+
+
+def _checked(setting: Setting, value: Any) -> Any:
+    if setting.kind == "bool" and isinstance(value, bool):
+        return value
+    if setting.kind == "choice" and value in setting.choices:
+        return value
+    if setting.kind == "int" and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if setting.kind in ("directory", "file") and isinstance(value, (str, os.PathLike)):
+        return os.path.expanduser(os.fspath(value))
+    raise (TypeError if setting.kind == "bool" else ValueError)(
+        f"torch_cudnn_handle.settings: {setting.name} takes "
+        f"{'True or False' if setting.kind == 'bool' else setting.accepts()}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def set(name: str, value: Any) -> Any:  # noqa: A001 -- settings.set(name, value), as the module reads
+    """Set ``name`` for this process (over its environment variable); returns the previous value."""
+    setting = _setting(name)
+    value = _checked(setting, value)
+    previous = get(name)
+    with _lock:
+        _overrides[name] = value
+        watchers = list(_watchers.get(name, ()))
+    for watcher in watchers:
+        watcher(value)
+    return previous
+
+
+def reset(name: Optional[str] = None) -> None:
+    """Forget what set() gave ``name`` (every setting when None): back to the environment and defaults."""
+    names = [name] if name is not None else list(_BY_NAME)
+    for each in names:
+        _setting(each)
+        with _lock:
+            had = _overrides.pop(each, None) is not None
+            watchers = list(_watchers.get(each, ())) if had else []
+        for watcher in watchers:
+            watcher(get(each))
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Set settings for the duration of a ``with`` block, then put back what was there."""
+    with _lock:
+        before = {name: (_overrides[name] if name in _overrides else _UNSET) for name in values}
+    try:
+        for name, value in values.items():
+            set(name, value)
+        yield
+    finally:
+        for name, old in before.items():
+            if old is _UNSET:
+                reset(name)
+            else:
+                set(name, old)
+
+
+_UNSET = object()
+
+
+def watch(name: str, watcher: Callable[[Any], None]) -> None:
+    """Call ``watcher(value)`` now and on every later set()/reset() of ``name``: how a
+    setting that lives in C++ (the native path's CUDA-graph switch) follows this table."""
+    _setting(name)
+    with _lock:
+        _watchers.setdefault(name, []).append(watcher)
+    watcher(get(name))
+
+
+def usable_directory(name: str) -> Optional[str]:
+    """The directory a ``directory`` or ``file`` setting names (a file's own folder for the
+    latter), created if missing; None, after one warning naming it, when it cannot be
+    created or written (the feature using it is then off)."""
+    setting = _setting(name)
+    path = get(name)
+    directory = os.path.abspath(path if setting.kind == "directory" else os.path.dirname(os.path.abspath(path)))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        writable = os.access(directory, os.W_OK | os.X_OK)
+        problem = None if writable else "it is not writable"
+    except OSError as error:
+        problem = f"it cannot be created ({error.strerror or error})"
+    if problem is None:
+        return directory
+    _warn_once(
+        (name, directory),
+        f"torch_cudnn_handle: the {setting.name} directory {directory!r} is unusable: {problem}; {setting.meaning} is off "
+        f"until {setting.variable} (or settings.set({setting.name!r}, ...)) names a writable one",
+        RuntimeWarning,
+    )
+    return None
+
+
+def _warn_once(key, message: str, category) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, category, stacklevel=4)
+
+
+def markdown_table() -> str:
+    """SETTINGS as README.md shows them: variable, setter, default, meaning."""
+    rows = ["| variable | in Python | default | what it does |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        default = {True: "on", False: "off"}.get(s.default, s.default) if s.kind == "bool" else s.default
+        rows.append(f"| `{s.variable}` | `settings.set_{s.name}(...)` | `{default}` | {s.meaning} |")
+    return "\n".join(rows)
+
+
+# -- the named setters: one per setting, each returning the previous value -------------
+
+
+def set_native_path(enabled: bool) -> bool:
+    """Whether graphs built from now on may run natively (from C++); without CUDA there is no native path."""
+    return set("native_path", enabled)
+
+
+def set_native_hand_over(when: str) -> str:
+    """When a graph the native path may serve is handed to it: ``"build"`` (its first call
+    runs the plan every later call runs) or ``"second_call"`` (a layout used once never pays
+    the hand-over, about 5-7 ms for an SDPA forward and backward, at the price of a second
+    wait for the device at the second call)."""
+    return set("native_hand_over", when)
+
+
+def set_native_cuda_graphs(enabled: bool) -> bool:
+    """Whether a native plan is launched as a CUDA graph once a call's addresses repeat
+    (Note [Native CUDA graph launch] in csrc/native/plan_graphs.h). Same results either way."""
+    return set("native_cuda_graphs", enabled)
+
+
+def set_dynamic_shapes(enabled: bool) -> bool:
+    """Build graphs from now on with dynamic shapes and a kernel cache (those registered with ``dynamic_shapes=False`` excepted)."""
+    return set("dynamic_shapes", enabled)
+
+
+def set_plan_store(enabled: bool) -> bool:
+    """Keep built plans on disk and load them from there (graphs built from now on)."""
+    return set("plan_store", enabled)
+
+
+def set_plan_store_dir(directory: str) -> str:
+    """The plan store's directory (graphs built from now on)."""
+    return set("plan_store_dir", directory)
+
+
+def set_plan_tuning(enabled: bool) -> bool:
+    """Tune graphs built from now on (those registered with ``tune=False`` excepted)."""
+    return set("plan_tuning", enabled)
+
+
+def set_tuning_file(path: str) -> str:
+    """The JSON file tuned choices persist in."""
+    return set("tuning_file", path)
+
+
+def set_graph_cache_capacity(capacity: int) -> int:
+    """How many built graphs are kept (least recently used evicted first)."""
+    return set("graph_cache_capacity", capacity)
+
+
+def set_verify(enabled: bool) -> bool:
+    """Check each plan's first run at each layout against the torch interpreter."""
+    return set("verify", enabled)
+
+
+def frontend_dumps_tensors() -> bool:
+    """Whether the frontend logs the contents of a plan's ``tensors_to_dump`` on every
+    execute: at levels 1-9 of its own ``CUDNN_FRONTEND_LOG_INFO`` (read with atoi, so
+    anything not a number is level 0). Not a setting of ours: the frontend's, read here."""
+    try:
+        level = int(os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0"))
+    except ValueError:
+        return False
+    return 1 <= level < 10

@@ -1,0 +1,45 @@
+"""What torch_cudnn_handle has done in this process: one function per subsystem, each a dict.
+
+  * ``pool()``: cuDNN handles per device (created, in use, idle) and ``cudnnSetStream`` calls;
+  * ``graphs()``: the graph cache (hits, misses, builds, evictions, hand-overs to the native
+    path, graphs cached and where they run, routes, time spent obtaining plans, by phase);
+  * ``plan_store()``: the on-disk plan store (hits, misses, writes, rejected, write errors);
+  * ``tuning()``: plan tuning (timings done, tuning-file hits and misses, the latest choices);
+  * ``native_cuda_graphs()``: the native path's CUDA graphs (populated, captured, launched, failed, kept);
+  * ``everything()``: all of them, by those names (``python -m torch_cudnn_handle --json`` prints it).
+
+Thread-safe: each subsystem counts under its own lock; the dicts are copies.
+"""
+
+from __future__ import annotations
+
+from . import native, registry
+from .pool import pool_stats
+from .registry.plans import store
+from .registry.plans.tuning import tuning_stats
+
+__all__ = ["pool", "graphs", "plan_store", "tuning", "native_cuda_graphs", "everything"]
+
+
+def pool() -> dict:
+    return pool_stats()
+
+
+def graphs() -> dict:
+    return registry.graph_stats()
+
+
+def plan_store() -> dict:
+    return store.stats()
+
+
+def tuning() -> dict:
+    return tuning_stats()
+
+
+def native_cuda_graphs() -> dict:
+    return native.cuda_graph_stats()
+
+
+def everything() -> dict:
+    return dict(pool=pool(), graphs=graphs(), plan_store=plan_store(), tuning=tuning(), native_cuda_graphs=native_cuda_graphs())
