@@ -34,6 +34,8 @@ CUDA_ONLY = {
     "csrc/pool/bindings.cpp",
     "csrc/op/cuda_kernels.cpp",
     "csrc/native/native_plan.cpp",
+    "csrc/native/native_plan_table.cpp",
+    "csrc/native/native_plan_graphs.cpp",
     "csrc/native/native_scratch.cpp",
     "csrc/native/plan_graphs.cpp",
     "csrc/native/graph_keepalive.cpp",

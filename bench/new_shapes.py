@@ -112,12 +112,12 @@ def sdpa_part(steady_calls: int):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import torch_cudnn_handle as tch
-    from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
+    from torch_cudnn_handle.nn.attention import BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 
     graphs = {
         route: tch.register_graph(
-            sdpa_forward, name=f"bench_new_shapes_sdpa_{route}", backward=sdpa_backward, backward_operands=_BACKWARD_OPERANDS,
-            causal=True, dynamic_shapes=route == "kernel_cache",
+            sdpa_forward, name=f"bench_new_shapes_sdpa_{route}", backward=tch.Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS),
+            params=dict(causal=True), dynamic_shapes=route == "kernel_cache",
         )
         for route in ("static", "kernel_cache")
     }
@@ -150,13 +150,14 @@ def linear_part(steady_calls: int):
 
     import torch_cudnn_handle as tch
     from torch_cudnn_handle.nn import FusedLinear
-    from torch_cudnn_handle.nn.linear import _forward_views, linear_forward
+    from torch_cudnn_handle.nn.linear import forward_views, linear_forward
 
     static = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
     cached = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
     cached.load_state_dict(static.state_dict())
     cached._graph = tch.register_graph(  # the module's forward graph (its operand views), with a kernel cache
-        linear_forward, name="bench_new_shapes_linear_gelu_kernel_cache", views=_forward_views("gelu"), activation="gelu", dynamic_shapes=True
+        linear_forward, name="bench_new_shapes_linear_gelu_kernel_cache", views=forward_views("gelu"), params=dict(activation="gelu"),
+        dynamic_shapes=True,
     )
     modules = {"library static": static, "library kernel_cache": cached}
 

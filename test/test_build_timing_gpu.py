@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import requires_cuda
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
+from torch_cudnn_handle.nn.attention import BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle import registry, settings
 from torch_cudnn_handle.registry.describe import described_layout
@@ -119,7 +119,7 @@ def test_a_tuned_build_records_its_candidate_timing(tmp_path, fresh_settings):
 
 def test_a_new_lengths_first_backward_is_built_without_a_second_description():
     graph_id = tch.register_graph(
-        sdpa_forward, name=f"timing_sdpa_{uuid.uuid4().hex[:8]}", backward=sdpa_backward, backward_operands=_BACKWARD_OPERANDS, causal=True,
+        sdpa_forward, name=f"timing_sdpa_{uuid.uuid4().hex[:8]}", backward=tch.Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS), params=dict(causal=True),
     )
     backward_id = registry.definition(graph_id).backward_id
     descriptions = described_layout.cache_info().misses

@@ -21,7 +21,7 @@ import torch_cudnn_handle as tch
 from conftest import python_kernels, requires_cuda, requires_native_path
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm
 from torch_cudnn_handle.nn.linear import GELU_BACKWARD, MATMUL, RELU_BACKWARD, linear_forward
-from torch_cudnn_handle.nn.norm import _BACKWARD_OPERANDS, rmsnorm_backward, rmsnorm_forward
+from torch_cudnn_handle.nn.norm import BACKWARD_OPERANDS, rmsnorm_backward, rmsnorm_forward
 
 pytestmark = requires_cuda
 
@@ -29,7 +29,7 @@ DTYPES = [torch.float16, torch.bfloat16]
 
 # The view-based route, as the modules ran before: graphs described on 4-D / 3-D views.
 PREVIOUS_RMSNORM = tch.register_graph(
-    rmsnorm_forward, name="previous_rmsnorm", backward=rmsnorm_backward, backward_operands=_BACKWARD_OPERANDS, eps=1e-5
+    rmsnorm_forward, name="previous_rmsnorm", backward=tch.Backward.graph(rmsnorm_backward, operands=BACKWARD_OPERANDS), params=dict(eps=1e-5)
 )
 
 

@@ -24,7 +24,7 @@ import torch
 from conftest import requires_cuda
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
+from torch_cudnn_handle.nn.attention import BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle import registry, settings
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
@@ -39,7 +39,7 @@ def register(tag: str, dynamic: bool):
     """The linear (gelu) graph and the causal sdpa forward with its backward, under names of ``tag``."""
     linear = tch.register_graph(linear_forward, name=f"plan_cache_linear_gelu_{tag}", activation="gelu", dynamic_shapes=dynamic)
     attention = tch.register_graph(
-        sdpa_forward, name=f"plan_cache_sdpa_{tag}", backward=sdpa_backward, backward_operands=_BACKWARD_OPERANDS, causal=True,
+        sdpa_forward, name=f"plan_cache_sdpa_{tag}", backward=tch.Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS), params=dict(causal=True),
         dynamic_shapes=dynamic,
     )
     return linear, attention

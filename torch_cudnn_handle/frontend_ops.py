@@ -14,10 +14,9 @@ for the device the op's tensors are on: this thread's pooled handle, on torch's 
 stream there (or the stream the op names), with the right CUDA context bound and left
 bound (the frontend's rule for its own launches; see ``_pooled``).
 
-Who owns the handles afterwards: the pool (``csrc/pool``). It owns every handle those ops
-use for the life of the process; a thread borrows one per device and gives it back when it
-exits; the ops create none and own none. Handles the frontend made before adoption stay in
-its caches, unused (it never destroys them either).
+Who owns the handles afterwards: the pool (``csrc/pool``), for the life of the process; a
+thread borrows one per device until it exits; the ops create none. Handles the frontend
+made before adoption stay in its caches, unused (it never destroys them either).
 
 Why this is safe:
   * each seam's contract is "a handle this thread may use now, for this device, on this
@@ -72,14 +71,12 @@ def _pooled(device, stream=None):
 
 
 def _handle_for_device(device):
-    """The pooled handle for ``device``: sdpa, the norms and MoE grouped matmul pass the
-    device of the op's tensors (``q.device``, ``x.device``, ``token.device``)."""
+    """sdpa, the norms and MoE grouped matmul pass the device of the op's tensors (q.device, ...)."""
     return _pooled(device)
 
 
 def _handle_for_tensor(tensor):
-    """The SwiGLU MoE's wgrad passes a tensor; its handle is for that tensor's device."""
-    return _pooled(tensor.device)
+    return _pooled(tensor.device)  # the SwiGLU MoE's wgrad passes a tensor
 
 
 def _handle_and_stream_for_device(device):
@@ -99,8 +96,7 @@ def _handle_on_stream(device, stream=None):
 
 
 def _handle_for_stream(device, stream):
-    """The gated attention block's GEMMs name a raw launch stream for ``out.device``."""
-    return _pooled(torch.device(device), int(stream))
+    return _pooled(torch.device(device), int(stream))  # the gated attention block's GEMMs: a raw stream for out.device
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = [
-    "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "usable_directory", "markdown_table",
+    "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
     "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
     "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_verify",
 ]
@@ -246,76 +246,33 @@ def _warn_once(key, message: str, category) -> None:
     warnings.warn(message, category, stacklevel=4)
 
 
-def markdown_table() -> str:
-    """SETTINGS as README.md shows them: variable, setter, default, meaning."""
-    rows = ["| variable | in Python | default | what it does |", "| --- | --- | --- | --- |"]
-    for s in SETTINGS:
-        default = {True: "on", False: "off"}.get(s.default, s.default) if s.kind == "bool" else s.default
-        rows.append(f"| `{s.variable}` | `settings.set_{s.name}(...)` | `{default}` | {s.meaning} |")
-    return "\n".join(rows)
-
-
 # -- the named setters: one per setting, each returning the previous value -------------
 
 
-def set_native_path(enabled: bool) -> bool:
-    """Whether graphs built from now on may run natively (from C++); without CUDA there is no native path."""
-    return set("native_path", enabled)
+def _setter(name: str, what: str):
+    def setter(value):
+        return set(name, value)
+
+    setter.__name__ = setter.__qualname__ = f"set_{name}"
+    setter.__doc__ = f"{what} (the ``{name}`` setting, ``{_BY_NAME[name].variable}``); returns the previous value."
+    return setter
 
 
-def set_native_hand_over(when: str) -> str:
-    """When a graph the native path may serve is handed to it: ``"build"`` (its first call
-    runs the plan every later call runs) or ``"second_call"`` (a layout used once never pays
-    the hand-over, about 5-7 ms for an SDPA forward and backward, at the price of a second
-    wait for the device at the second call)."""
-    return set("native_hand_over", when)
-
-
-def set_native_cuda_graphs(enabled: bool) -> bool:
-    """Whether a native plan is launched as a CUDA graph once a call's addresses repeat
-    (Note [Native CUDA graph launch] in csrc/native/plan_graphs.h). Same results either way."""
-    return set("native_cuda_graphs", enabled)
-
-
-def set_dynamic_shapes(enabled: bool) -> bool:
-    """Build graphs from now on with dynamic shapes and a kernel cache (those registered with ``dynamic_shapes=False`` excepted)."""
-    return set("dynamic_shapes", enabled)
-
-
-def set_plan_store(enabled: bool) -> bool:
-    """Keep built plans on disk and load them from there (graphs built from now on)."""
-    return set("plan_store", enabled)
-
-
-def set_plan_store_dir(directory: str) -> str:
-    """The plan store's directory (graphs built from now on)."""
-    return set("plan_store_dir", directory)
-
-
-def set_plan_tuning(enabled: bool) -> bool:
-    """Tune graphs built from now on (those registered with ``tune=False`` excepted)."""
-    return set("plan_tuning", enabled)
-
-
-def set_tuning_file(path: str) -> str:
-    """The JSON file tuned choices persist in."""
-    return set("tuning_file", path)
-
-
-def set_graph_cache_capacity(capacity: int) -> int:
-    """How many built graphs are kept (least recently used evicted first)."""
-    return set("graph_cache_capacity", capacity)
-
-
-def set_verify(enabled: bool) -> bool:
-    """Check each plan's first run at each layout against the torch interpreter."""
-    return set("verify", enabled)
+set_native_path = _setter("native_path", "Whether graphs built from now on may run natively, from C++ (CUDA builds only)")
+set_native_hand_over = _setter("native_hand_over", "When a graph moves to the native path: 'build' or 'second_call' (Note [The native hand-over])")
+set_native_cuda_graphs = _setter("native_cuda_graphs", "Launch native plans as CUDA graphs (Note [Native CUDA graph launch])")
+set_dynamic_shapes = _setter("dynamic_shapes", "Build graphs from now on with dynamic shapes and a kernel cache")
+set_plan_store = _setter("plan_store", "Keep built plans on disk and load them from there")
+set_plan_store_dir = _setter("plan_store_dir", "The plan store's directory")
+set_plan_tuning = _setter("plan_tuning", "Tune graphs built from now on (tune=False graphs excepted)")
+set_tuning_file = _setter("tuning_file", "The JSON file tuned choices persist in")
+set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graphs are kept (least recently used evicted first)")
+set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
 
 
 def frontend_dumps_tensors() -> bool:
-    """Whether the frontend logs the contents of a plan's ``tensors_to_dump`` on every
-    execute: at levels 1-9 of its own ``CUDNN_FRONTEND_LOG_INFO`` (read with atoi, so
-    anything not a number is level 0). Not a setting of ours: the frontend's, read here."""
+    """Whether the frontend logs a plan's ``tensors_to_dump`` per execute: levels 1-9 of its
+    own ``CUDNN_FRONTEND_LOG_INFO`` (atoi: not a number is 0). The frontend's variable, read here."""
     try:
         level = int(os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0"))
     except ValueError:

@@ -28,10 +28,6 @@ std::atomic<int64_t> plans_alive{0};
 // write its cache line at most once a millisecond each.
 constexpr int64_t kUseResolutionNs = 1000000;
 
-// Graphs that may fail to be made before a plan stops trying (each costs a failed call
-// into cuDNN and the driver; one may fail for a passing reason, e.g. a global-mode capture).
-constexpr int kMaxGraphFailures = 3;
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -144,81 +140,6 @@ NativePlan::~NativePlan() {
 
 int64_t NativePlan::alive() { return plans_alive.load(std::memory_order_relaxed); }
 
-bool NativePlan::populates_cuda_graphs() const {
-#if CUDNN_VERSION >= 90500
-  return populated_by_cudnn_ && backend::cudnn_library().populate_cuda_graph != nullptr;
-#else
-  return false;
-#endif
-}
-
-bool NativePlan::launches_cuda_graphs() const {
-  return !host_inputs_ && graph_failures_.load(std::memory_order_relaxed) < kMaxGraphFailures;
-}
-
-const char* NativePlan::cuda_graph_route() const {
-  if (host_inputs_) return nullptr;
-  return populates_cuda_graphs() ? "populated by cuDNN" : "captured from its execute";
-}
-
-bool NativePlan::capture_execute(PooledCudnnHandle* handle, cudaStream_t stream, NativeScratch& scratch,
-                                 cudnnBackendDescriptor_t pack, cudaGraph_t* graph) const {
-  // On the handle's own capture stream, never the caller's: a capture takes whatever
-  // any thread enqueues on its stream, and the legacy default stream cannot capture.
-  // Thread-local mode: other threads' allocations stay legal meanwhile.
-  cudaStream_t side = scratch.capture_stream(device_);
-  const auto& cudnn = backend::cudnn_library();
-  if (side == nullptr || cudnn.set_stream(handle->backend_handle, side) != CUDNN_STATUS_SUCCESS) return false;
-  bool captured = false;
-  if (cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-    const bool executed = cudnn.execute(handle->backend_handle, plan_, pack) == CUDNN_STATUS_SUCCESS;
-    const bool ended = cudaStreamEndCapture(side, graph) == cudaSuccess;  // ends it whatever the execute did
-    captured = executed && ended;
-  }
-  // Back to the stream the pooled handle records (handle->stream): the caller's.
-  backend::check_cudnn(cudnn.set_stream(handle->backend_handle, stream), "cudnnSetStream after a capture");
-  return captured;
-}
-
-bool NativePlan::launch_graph(PooledCudnnHandle* handle, cudaStream_t stream, c10::ArrayRef<void*> pointers,
-                              void* engine_workspace) const {
-  NativeScratch& scratch = NativeScratch::of(handle);  // its mutex is held by execute()
-  PlanGraphs& graphs = scratch.graphs();
-  const PlanGraphs::Lookup found = graphs.find(serial_, pointers, engine_workspace);
-  if (found.exec == nullptr && !found.populate) return false;
-  cudaGraphExec_t exec = found.exec;
-  if (exec == nullptr) {
-    // Made on this thread's handle; a failure (an engine that declines after all, an
-    // execute that is not capturable, a capture in global mode on another thread
-    // refusing the instantiation) leaves this call to cudnnBackendExecute and clears
-    // the error CUDA recorded for it.
-    cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
-    cudaGraph_t graph = nullptr;
-    const bool populate = populates_cuda_graphs();
-    bool made = false;
-#if CUDNN_VERSION >= 90500
-    if (populate) {
-      made = cudaGraphCreate(&graph, 0) == cudaSuccess &&
-          backend::cudnn_library().populate_cuda_graph(handle->backend_handle, plan_, pack, graph) == CUDNN_STATUS_SUCCESS;
-    }
-#endif
-    if (!populate) made = capture_execute(handle, stream, scratch, pack, &graph);
-    made = made && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    if (!made) {
-      (void)cudaGetLastError();
-      graph_failures_.fetch_add(1, std::memory_order_relaxed);
-      ++graphs.failed;
-      return false;
-    }
-    graphs.add(found, shared_from_this(), pointers, engine_workspace, exec);
-    ++(populate ? graphs.populated : graphs.captured);
-  }
-  C10_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  ++graphs.launched;
-  return true;
-}
-
 void NativePlan::mark_used() const {
   const int64_t now = now_ns();
   if (now - last_used_ns_.load(std::memory_order_relaxed) > kUseResolutionNs) {
@@ -278,59 +199,6 @@ void NativePlan::execute(PooledCudnnHandle* handle, cudaStream_t stream, at::Ten
   }
   cudnnBackendDescriptor_t pack = scratch.variant_pack(serial_, pack_uids_, pointers, engine_workspace);
   backend::check_cudnn(backend::cudnn_library().execute(handle->backend_handle, plan_, pack), "cudnnBackendExecute");
-}
-
-NativePlanTable& NativePlanTable::instance() {
-  static auto* table = new NativePlanTable();  // never destroyed: see the header
-  return *table;
-}
-
-void NativePlanTable::add(int64_t graph, std::shared_ptr<const NativePlan> plan) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
-  plans_[graph].push_back(std::move(plan));
-}
-
-bool NativePlanTable::remove(int64_t graph, uint64_t serial) {
-  std::shared_ptr<const NativePlan> dropped;  // destroyed after the lock is released
-  std::unique_lock<std::shared_mutex> lock(mutex_);
-  auto it = plans_.find(graph);
-  if (it == plans_.end()) return false;
-  auto& plans = it->second;
-  auto match = std::find_if(plans.begin(), plans.end(), [&](const auto& p) { return p->serial() == serial; });
-  if (match == plans.end()) return false;
-  dropped = std::move(*match);
-  plans.erase(match);
-  if (plans.empty()) plans_.erase(it);
-  lock.unlock();
-  forget_native_graphs(serial);  // the handles' graphs of it hold it too (plan_graphs.h)
-  return true;
-}
-
-std::shared_ptr<const NativePlan> NativePlanTable::find(int64_t graph, at::TensorList inputs) const {
-  const bool deterministic_only = at::globalContext().deterministicAlgorithms();
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  auto it = plans_.find(graph);
-  if (it == plans_.end()) return nullptr;
-  for (const auto& plan : it->second) {
-    if ((plan->deterministic() || !deterministic_only) && plan->matches(inputs)) return plan;
-  }
-  return nullptr;
-}
-
-size_t NativePlanTable::size() const {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  size_t n = 0;
-  for (const auto& [graph, plans] : plans_) n += plans.size();
-  return n;
-}
-
-std::map<uint64_t, int64_t> NativePlanTable::last_used() const {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
-  std::map<uint64_t, int64_t> out;
-  for (const auto& [graph, plans] : plans_) {
-    for (const auto& plan : plans) out[plan->serial()] = plan->last_used_ns();
-  }
-  return out;
 }
 
 }  // namespace torch_cudnn_handle::native

@@ -89,7 +89,7 @@ def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
 
 # dQ, dK, dV from Q, K, V, O, dO (given O's strides), Stats; declared, so the autograd
 # node assembles them and runs the backward natively, without Python.
-_BACKWARD_OPERANDS = (
+BACKWARD_OPERANDS = (
     BackwardOperand.input(0),
     BackwardOperand.input(1),
     BackwardOperand.input(2),
@@ -103,7 +103,7 @@ SDPA_GRAPHS = {
     causal: register_graph(
         sdpa_forward,
         name=f"nn_sdpa_{'causal' if causal else 'full'}",
-        backward=Backward.graph(sdpa_backward, operands=_BACKWARD_OPERANDS),
+        backward=Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS),
         params=dict(causal=causal),
     )
     for causal in (False, True)

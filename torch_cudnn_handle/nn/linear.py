@@ -106,7 +106,7 @@ def _like_rows(*shapes):
     return [shapes[0]]
 
 
-def _forward_views(activation: Optional[str]) -> OperandViews:
+def forward_views(activation: Optional[str]) -> OperandViews:
     outputs = 2 if activation == "gelu" else 1  # gelu also writes z, for its backward
     return OperandViews(
         inputs=(_rows, lambda w: w.unsqueeze(0).mT, lambda b: b.view(1, 1, -1)),
@@ -150,7 +150,7 @@ def _register_linear(activation: Optional[str]) -> int:
         linear_forward,
         name=f"nn_linear_{activation or 'identity'}",
         params=dict(activation=activation),
-        views=_forward_views(activation),
+        views=forward_views(activation),
         backward=Backward.steps(steps, grads=grads),
     )
 
@@ -202,7 +202,7 @@ class FusedLinear(nn.Module):
                 f"x.to({self.weight.dtype}) or module.to({x.dtype})"
             )
         # Natural tensors in and out: the graph views them as [1, B*M, K] @ [1, K, N] + [1, 1, N]
-        # (_forward_views). A layout with no such view (a non-contiguous x) is made contiguous first.
+        # (forward_views). A layout with no such view (a non-contiguous x) is made contiguous first.
         return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
 
     def extra_repr(self) -> str:

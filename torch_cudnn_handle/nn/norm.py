@@ -53,7 +53,7 @@ def rmsnorm_backward(graph, dy, x, scale, inv_var, *, eps: float):  # noqa: ARG0
 
 
 # dY, X, scale, inv_var: declared, so the backward runs natively, without Python.
-_BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1))
+BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1))
 
 
 def _rows(t):
@@ -88,7 +88,7 @@ def rmsnorm_graph(eps: float) -> int:
         if graph_id is None:
             graph_id = _graphs[eps] = register_graph(
                 rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", params=dict(eps=eps), views=_FORWARD_VIEWS,
-                backward=Backward.graph(rmsnorm_backward, operands=_BACKWARD_OPERANDS, views=_BACKWARD_VIEWS),
+                backward=Backward.graph(rmsnorm_backward, operands=BACKWARD_OPERANDS, views=_BACKWARD_VIEWS),
             )
         return graph_id
 
