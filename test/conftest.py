@@ -15,7 +15,7 @@ os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # the tests' helpers (graphs.py, host_sync_probe.py)
+sys.path.insert(0, HERE)  # the tests' helpers: the support package (support/graphs.py, ...)
 
 
 def _load_by_path(name: str, path: str):
@@ -38,13 +38,13 @@ requires_native_path = pytest.mark.skipif(
 
 
 def build_pool_seam():
-    """The pool's CPU test seam (test/csrc/pool_seam.cpp), a test-only extension:
+    """The pool's CPU test seam (test/support/csrc/pool_seam.cpp), a test-only extension:
     compiled on first use (tools/extension_build.py; CPU-only C++, so the same with a CPU or
     a CUDA torch). It compiles its own copy of
     csrc/pool/fork_guard.cpp: its fork guard's state is its own, separate from _C's,
     which is what test_pool_seam.py tests (the pool template together with the guard).
     -fvisibility=hidden keeps that copy's symbols bound inside the seam."""
-    return load_auxiliary("pool_seam", ["test/csrc/pool_seam.cpp", "csrc/pool/fork_guard.cpp"], kind="test", with_cuda=False,
+    return load_auxiliary("pool_seam", ["test/support/csrc/pool_seam.cpp", "csrc/pool/fork_guard.cpp"], kind="test", with_cuda=False,
                           extra_cflags=("-O2", "-fvisibility=hidden"))
 
 

@@ -9,7 +9,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
-from graphs import LINEAR_RELU
+from support.graphs import LINEAR_RELU
 
 
 @pytest.mark.parametrize(

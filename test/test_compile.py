@@ -10,7 +10,7 @@ from expecttest import TestCase
 from torch._dynamo.testing import AotEagerAndRecordGraphs, normalize_gm
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from graphs import LINEAR_RELU, MATMUL, RELU, RELU_BACKWARD
+from support.graphs import LINEAR_RELU, MATMUL, RELU, RELU_BACKWARD
 
 
 def linear_relu_loss(x, w, b):

@@ -7,7 +7,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import _C, BackwardOperand
-from graphs import RELU_DECLARED, relu, relu_grad
+from support.graphs import RELU_DECLARED, relu, relu_grad
 
 
 def two_outputs(graph, x):

@@ -40,7 +40,7 @@ from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
 from conftest import run_concurrently, run_in_thread
-from graphs import MATMUL
+from support.graphs import MATMUL
 from torch_cudnn_handle.nn.attention import sdpa_inference_forward
 
 SHAPE = (2, 4, 128, 512)  # B, H, S, D: the shared layout

@@ -17,7 +17,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs, CompileCounterWithBac
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
-from graph_inputs import CONV, FP8_MATMUL, INT8_CONV, RELU_TO_HALF, RMSNORM, nhwc, nhwc_strides, rmsnorm_with_epsilon
+from support.graph_inputs import CONV, FP8_MATMUL, INT8_CONV, RELU_TO_HALF, RMSNORM, nhwc, nhwc_strides, rmsnorm_with_epsilon
 from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
 from torch_cudnn_handle.registry.output_strides import dense_strides, stride_order_of
 from torch_cudnn_handle.registry.specs import _TORCH_DTYPES, cudnn_data_type_of

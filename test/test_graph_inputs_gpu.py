@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
 from conftest import frontend_outputs_of, requires_cuda
-from graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc_strides
+from support.graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc_strides
 from torch_cudnn_handle.registry import TensorSpec, _registry
 from torch_cudnn_handle.registry.build import _differs_in_memory
 

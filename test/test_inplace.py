@@ -21,7 +21,7 @@ import torch
 from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 import torch_cudnn_handle as tch
-from upstream_graphs import BY_NAME
+from support.upstream_graphs import BY_NAME
 
 
 def accumulate(g, acc, x):

@@ -27,7 +27,7 @@ import cudnn  # noqa: E402
 
 import torch_cudnn_handle as tch  # noqa: E402
 from conftest import requires_cuda  # noqa: E402
-from upstream_graphs import BY_NAME, path_of, run_with_frontend  # noqa: E402
+from support.upstream_graphs import BY_NAME, path_of, run_with_frontend  # noqa: E402
 
 pytestmark = requires_cuda
 

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
 from conftest import requires_cuda
-from graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference, matmul
+from support.graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference, matmul
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda

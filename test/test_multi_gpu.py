@@ -12,7 +12,7 @@ from cudnn.frost.device import current_device
 
 import torch_cudnn_handle as tch
 from conftest import run_concurrently, run_in_thread
-from graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
+from support.graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
 from torch_cudnn_handle import _C
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs")

@@ -11,7 +11,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently
-from graphs import linear_inputs, linear_relu, linear_relu_reference, relu, relu_grad
+from support.graphs import linear_inputs, linear_relu, linear_relu_reference, relu, relu_grad
 from torch_cudnn_handle import _C
 from torch_cudnn_handle.registry import _registry
 from torch_cudnn_handle.registry.build import NATIVE_PENDING_REASON

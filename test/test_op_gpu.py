@@ -10,7 +10,7 @@ from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
 from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently, run_in_thread
-from graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
+from support.graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
 
 pytestmark = requires_cuda
 

@@ -12,7 +12,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from conftest import requires_cuda
-from graphs import linear_inputs, linear_relu, linear_relu_reference, matmul
+from support.graphs import linear_inputs, linear_relu, linear_relu_reference, matmul
 from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.native import decode_ubjson
 from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
@@ -169,7 +169,7 @@ CHILD = """
 import json, sys, torch
 sys.path.insert(0, {test_dir!r})
 import torch_cudnn_handle as tch
-from graphs import matmul
+from support.graphs import matmul
 gid = tch.register_graph(matmul, name="shared_matmul", tune=True)
 generator = torch.Generator().manual_seed(0)
 a, b = [(torch.randn(*s, generator=generator) * 0.5).to(dtype=torch.float16, device="cuda") for s in ({a}, {b})]

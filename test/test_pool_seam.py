@@ -1,6 +1,6 @@
 """The pool's reservation rules, on the real DeviceThreadHandlePool template.
 
-The seam (test/csrc/pool_seam.cpp, built by the ``pool_seam`` fixture in conftest.py;
+The seam (test/support/csrc/pool_seam.cpp, built by the ``pool_seam`` fixture in conftest.py;
 not part of the shipped _C) instantiates the same C++ template the cuDNN pool uses
 with a handle that needs no GPU, so these run on CI. Each test uses its own device
 ordinals: the seam's pool is process-wide, like the real one.

@@ -9,7 +9,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.registry.specs import TensorSpec
 
-import ragged_graphs as rg
+from support import ragged_graphs as rg
 
 LENS = [((5, 17, 30), (9, 12, 40)), ((48, 1, 9), (2, 3, 4)), ((20, 20, 20), (48, 48, 48))]
 

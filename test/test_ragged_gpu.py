@@ -27,7 +27,7 @@ import cudnn  # noqa: E402
 import torch_cudnn_handle as tch  # noqa: E402
 from conftest import requires_cuda  # noqa: E402
 
-import ragged_graphs as rg  # noqa: E402
+from support import ragged_graphs as rg  # noqa: E402
 from torch_cudnn_handle.registry import _registry  # noqa: E402
 
 pytestmark = requires_cuda

@@ -13,7 +13,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
-from graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
+from support.graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda
@@ -194,7 +194,7 @@ import os, sys, threading, time
 sys.path.insert(0, {HERE!r})
 import torch
 import torch_cudnn_handle as tch
-from graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
+from support.graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
 """
 
 
@@ -270,7 +270,7 @@ def test_no_call_blocks_the_host(detail):
     first use of a handle or of a plan (cudnnCreate, a plan's first execution), which waits
     for the device inside libcudnn; torch's first cuDNN convolution waits the same way, and
     the test holds the library to that: it may block on first use only where torch does."""
-    done = subprocess.run([sys.executable, os.path.join(HERE, "host_sync_probe.py")] + (["--detail"] if detail else []),
+    done = subprocess.run([sys.executable, os.path.join(HERE, "support", "host_sync_probe.py")] + (["--detail"] if detail else []),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

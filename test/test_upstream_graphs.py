@@ -15,7 +15,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_cudnn_handle.registry.description import _validate_description
-from upstream_graphs import _TORCH_OF, GRAPHS, describe_with_frontend
+from support.upstream_graphs import _TORCH_OF, GRAPHS, describe_with_frontend
 
 
 _validate = _validate_description  # the registry's rule: inference must pass; the backend's own check needs the driver

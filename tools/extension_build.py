@@ -1,5 +1,5 @@
 """How this repository compiles C++ against torch, for setup.py (the shipped _C) and for the
-test- and bench-only extensions (test/csrc, bench/csrc) that never ship."""
+test- and bench-only extensions (test/support/csrc, bench/csrc) that never ship."""
 
 import hashlib
 import os

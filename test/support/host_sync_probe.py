@@ -6,7 +6,7 @@ the stream was still busy when it returned. A call that synchronizes returns onl
 the sleep, with the stream idle. Prints one JSON object: {step: [host_ms, still_busy]}, and
 whether every result matched torch after the streams drained.
 
-    python test/host_sync_probe.py [--detail]
+    python test/support/host_sync_probe.py [--detail]
 
 --detail splits the process's first call into its parts (the handle, the build, the first
 launch), to find which one synchronizes. --trace records each step with torch.profiler and
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/: the support package
 
 SLEEP_CYCLES = int(2.0 * 1.98e9)  # ~2 s on an H200's clock: far longer than any call here, builds included
 
@@ -67,7 +67,7 @@ def main(detail: bool) -> int:
     torch.cuda._sleep(1)
     torch.cuda.synchronize()
     import torch_cudnn_handle as tch
-    from graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
+    from support.graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
 
     def linear_gelu(graph, x, w, b):
         return graph.gelu(graph.add(graph.matmul(x, w), b))
