@@ -1,6 +1,6 @@
 """In-place outputs on a GPU: cudnn_fe.execute_ (register_graph(..., in_place={output: input})).
 
-* Upstream's batchnorm forward training (test/upstream_graphs.py), its running statistics
+* Upstream's batchnorm forward training (test/support/upstream_graphs/batchnorm.py), its running statistics
   written into the inputs they were read from, as upstream binds them: eagerly and under
   torch.compile(fullgraph=True) (inductor), every output and both written inputs BITWISE
   equal to the frontend's own execute of the same graph with the same in-place binding;

@@ -34,7 +34,7 @@ pytestmark = requires_cuda
 
 # Same B and S_max, other token counts (Tq, Tkv): 52/61, 58/9, 60/144.
 LENS = [((5, 17, 30), (9, 12, 40)), ((48, 1, 9), (2, 3, 4)), ((20, 20, 20), (48, 48, 48))]
-TOL = dict(atol=2e-2, rtol=2e-2)  # upstream's SDPA tolerance (test/upstream_graphs.py)
+TOL = dict(atol=2e-2, rtol=2e-2)  # upstream's SDPA tolerance (test/support/upstream_graphs/sdpa.py)
 
 
 def _device() -> torch.device:

@@ -1,4 +1,4 @@
-"""The upstream graphs (test/upstream_graphs.py) without a GPU.
+"""The upstream graphs (test/support/upstream_graphs/) without a GPU.
 
 * Every builder describes: the frontend runs it on a description made as the registry makes
   one (shape inference runs; the backend check needs the driver), and every output gets a

@@ -1,4 +1,4 @@
-"""The frontend's own upstream graphs (test/upstream_graphs.py) through torch.ops.cudnn_fe.execute.
+"""The frontend's own upstream graphs (test/support/upstream_graphs/) through torch.ops.cudnn_fe.execute.
 
 Each graph runs three ways on the same inputs: the frontend itself (the graph described as the
 registry describes it, built in ``tch.build_scope`` with ``graph.build([A, FALLBACK])``, run by
