@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
 from conftest import requires_cuda, run_concurrently, run_in_thread
-from test_pool_gpu import device_counts, wait_for_in_use
+from support.pool_counts import device_counts, wait_for_in_use
 from torch_cudnn_handle.frontend_ops import SEAMS, adopt_frontend_ops, restore_frontend_ops
 
 pytestmark = requires_cuda

@@ -8,6 +8,7 @@ import struct
 import pytest
 
 import torch_cudnn_handle as tch
+from support.ubjson import encode
 from torch_cudnn_handle.native import backend_plan_of, decode_ubjson
 
 
@@ -62,23 +63,6 @@ def test_an_unknown_marker_is_an_error():
 
 # ---------------------------------------------------------------------------------
 # Which serialized plans run natively: an allowlist of the document's fields.
-
-
-def encode(value) -> bytes:
-    """UBJSON as nlohmann::json::to_ubjson writes the types used here."""
-    if isinstance(value, bool):
-        return b"T" if value else b"F"
-    if isinstance(value, int):
-        return b"L" + struct.pack(">q", value)
-    if isinstance(value, float):
-        return b"D" + struct.pack(">d", value)
-    if isinstance(value, str):
-        return b"SL" + struct.pack(">q", len(value.encode())) + value.encode()
-    if isinstance(value, list):
-        return b"[" + b"".join(encode(v) for v in value) + b"]"
-    if isinstance(value, dict):
-        return b"{" + b"".join(b"L" + struct.pack(">q", len(k)) + k.encode() + encode(v) for k, v in value.items()) + b"}"
-    raise TypeError(value)
 
 
 class SerializedGraph:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import run_concurrently
-from test_native_eligibility import encode
+from support.ubjson import encode
 from torch_cudnn_handle.registry import plan_store
 from torch_cudnn_handle.registry.plan_disk import check_blob, description_fingerprint
 from torch_cudnn_handle.registry.plan_store import PlanStore, plan_key

@@ -2,7 +2,6 @@
 
 import os
 import threading
-import time
 
 import cudnn
 import pytest
@@ -10,21 +9,10 @@ import torch
 
 import torch_cudnn_handle as tch
 from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
+from support.pool_counts import device_counts, wait_for_in_use
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda
-
-
-def device_counts(device=0):
-    return tch.pool_stats()["devices"].get(device, {"created": 0, "in_use": 0, "free": 0})
-
-
-def wait_for_in_use(expected, device=0, timeout=10.0):
-    # Handles go back to the pool as each OS thread exits, a moment after join().
-    deadline = time.monotonic() + timeout
-    while device_counts(device)["in_use"] > expected:
-        assert time.monotonic() < deadline, f"in_use stuck at {device_counts(device)}"
-        time.sleep(0.001)
 
 
 def small_matmul_graph():
