@@ -24,7 +24,7 @@ def shared_libstdcxx() -> list:
     """The libstdc++.so.6 this process runs with (torch loaded it), named on the link line:
     some toolchains (the GPU host's /opt/gcc) link libstdc++ statically by default, and a
     second copy of its locale machinery inside an extension crashed integer formatting.
-    test/test_build.py checks the shipped module."""
+    test/main/test_build.py checks the shipped module."""
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split()[-1]

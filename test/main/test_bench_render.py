@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import REPO as ROOT
+
 BENCH = os.path.join(ROOT, "bench")
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

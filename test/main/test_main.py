@@ -5,7 +5,6 @@ which graph ids the trace calls and that there was no graph break, and prints th
 graph only with --verbose. --help is plain text, and the package has a PEP 440 version.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -16,10 +15,10 @@ import torch
 from packaging.version import Version
 
 import torch_cudnn_handle
+from support.paths import REPO
 from torch_cudnn_handle._version import __version__
 from torch_cudnn_handle.demo import LABEL_WIDTH
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ONE_SCREEN = 40
 
 

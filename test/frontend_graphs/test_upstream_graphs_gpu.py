@@ -9,7 +9,7 @@ within upstream's tolerances. A graph the op refuses today is an xfail(strict=Fa
 reason, so the run lists exactly which upstream graphs run as written. Each test prints the
 path (native or Python) and engine that served it.
 
-``python test/test_upstream_graphs_gpu.py --table`` runs every graph and prints a markdown table
+``python test/frontend_graphs/test_upstream_graphs_gpu.py --table`` runs every graph and prints a markdown table
 per family for the README.
 """
 
@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/: conftest and the support package
 
 import cudnn  # noqa: E402
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import torch_cudnn_handle
+from support.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "distributed.py")
 STEPS = 2
 TIMEOUT_S = 420  # the example compiles four models (two per wrapper) with inductor

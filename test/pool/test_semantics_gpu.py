@@ -14,11 +14,11 @@ import torch
 import torch_cudnn_handle as tch
 from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
 from support.graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
+from support.paths import TESTS
 from torch_cudnn_handle import _C
 
 pytestmark = requires_cuda
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
-HERE = os.path.dirname(os.path.abspath(__file__))
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 PYTHON_PATH_LINEAR = tch.register_graph(linear_relu, name="python_path_linear_relu")
@@ -191,7 +191,7 @@ def test_a_forked_child_is_refused_on_every_path(name):
 
 SCRIPT_PRELUDE = f"""
 import os, sys, threading, time
-sys.path.insert(0, {HERE!r})
+sys.path.insert(0, {TESTS!r})
 import torch
 import torch_cudnn_handle as tch
 from support.graphs import LINEAR_RELU, linear_inputs, linear_relu_reference
@@ -270,7 +270,7 @@ def test_no_call_blocks_the_host(detail):
     first use of a handle or of a plan (cudnnCreate, a plan's first execution), which waits
     for the device inside libcudnn; torch's first cuDNN convolution waits the same way, and
     the test holds the library to that: it may block on first use only where torch does."""
-    done = subprocess.run([sys.executable, os.path.join(HERE, "support", "host_sync_probe.py")] + (["--detail"] if detail else []),
+    done = subprocess.run([sys.executable, os.path.join(TESTS, "support", "host_sync_probe.py")] + (["--detail"] if detail else []),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -13,6 +13,7 @@ import torch
 import torch_cudnn_handle as tch
 from conftest import requires_cuda
 from support.graphs import linear_inputs, linear_relu, linear_relu_reference, matmul
+from support.paths import TESTS
 from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.native import decode_ubjson
 from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
@@ -186,7 +187,7 @@ def test_a_second_process_reuses_the_choice(tuning_cache):
     plan = tch.built_graphs(gid)[0].plan
     assert entry_of("shared_matmul")["source"] == "tuned"
     batch, m, k, n = SHAPE
-    script = CHILD.format(test_dir=os.path.dirname(__file__), a=(batch, m, k), b=(batch, k, n))
+    script = CHILD.format(test_dir=TESTS, a=(batch, m, k), b=(batch, k, n))
     env = dict(os.environ, TORCH_CUDNN_HANDLE_TUNING_CACHE=tuning_cache, TORCH_CUDNN_HANDLE_TUNE="0")
     child = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-3000:]

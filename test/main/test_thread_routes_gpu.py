@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from conftest import requires_cuda, requires_native_path
+from support.paths import REPO
 
 pytestmark = [requires_cuda, requires_native_path]
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+BENCH = os.path.join(REPO, "bench")
 
 
 @pytest.fixture(scope="module")

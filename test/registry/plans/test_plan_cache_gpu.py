@@ -24,6 +24,7 @@ import torch
 from conftest import requires_cuda
 
 import torch_cudnn_handle as tch
+from support.paths import REPO, TESTS
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
 from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle.registry import plan_store
@@ -32,7 +33,7 @@ from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 pytestmark = requires_cuda
 
 LENGTHS = (136, 264, 520, 1032)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 def register(tag: str, dynamic: bool):
@@ -178,7 +179,7 @@ def run_process(tmp_path, name: str, cache_dir):
     script = tmp_path / "second_process.py"
     script.write_text(_SCRIPT)
     environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_CACHE="1", TORCH_CUDNN_HANDLE_CACHE_DIR=str(cache_dir))
-    environment["PYTHONPATH"] = os.pathsep.join([ROOT, environment.get("PYTHONPATH", "")])
+    environment["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, environment.get("PYTHONPATH", "")])
     tensors, report = tmp_path / f"{name}.pt", tmp_path / f"{name}.json"
     done = subprocess.run(
         [sys.executable, str(script), str(tensors), str(report), os.path.dirname(os.path.abspath(__file__))],
