@@ -26,10 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import cudnn  # noqa: E402
 
 import torch_cudnn_handle as tch  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
 from support.upstream_graphs import BY_NAME, GRAPHS, compare_region, path_of, run_with_frontend  # noqa: E402
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 def _fresh(inputs):

@@ -22,10 +22,7 @@ from conftest import run_concurrently
 # The frontend's gated attention block imports the CuTe DSL (cutlass), which the frontend's
 # own requirements bring (CI has it). Where it is missing, adoption skips that seam with a
 # warning, which the tests below do not expect: they need every seam importable.
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("cutlass") is None,
-    reason="the CuTe DSL (cutlass) is not installed, so the frontend's gated attention block cannot be imported",
-)
+pytestmark = pytest.mark.dsl
 from torch_cudnn_handle import frontend_ops
 from torch_cudnn_handle.frontend_ops import SEAMS, adopt_frontend_ops, check_frontend_version, restore_frontend_ops
 

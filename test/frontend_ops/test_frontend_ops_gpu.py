@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, run_concurrently, run_in_thread
+from conftest import run_concurrently, run_in_thread
 from support.pool_counts import device_counts, wait_for_in_use
 from torch_cudnn_handle.frontend_ops import SEAMS, adopt_frontend_ops, restore_frontend_ops
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 THREADS, ALIVE = 64, 8  # short-lived threads per churn, and how many live at once
 TOLERANCE = 2e-2  # max |cudnn - torch float32| <= TOLERANCE * (1 + max |torch float32|)
@@ -273,7 +273,7 @@ def test_adopted_seam_lends_the_threads_pooled_handle_on_the_ops_stream(seam, fr
     assert created <= ALIVE
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs")
+@pytest.mark.two_gpus
 def test_ops_on_cuda1_called_with_device0_current_take_device1_handles(frontend_handles):
     work = NormsAndAttention("cuda:1")
     with adoption():

@@ -15,24 +15,14 @@ an already compiled layout costs the registry's build but no JIT. Two layouts ar
 compiled in all: SHAPE, and SCOPED_SHAPE for the cross-device scoping tests, so that the
 first of those is a real compile under ``build_scope`` of the other GPU.
 
-Skipped without a GPU and without the CuTe DSL (``import cutlass``).
+Marked gpu and dsl: skipped without a GPU and without the CuTe DSL (``import cutlass``); the
+tests on both GPUs are marked two_gpus.
 """
 
 import time
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-try:
-    import cutlass  # noqa: F401  -- the CuTe DSL the frost engines JIT-compile with
-except Exception as _error:  # noqa: BLE001 -- ImportError, or its CUDA libraries failing to load
-    pytest.skip(
-        "the CuTe DSL (nvidia-cutlass-dsl with its CUDA libs) is not installed: frost engines cannot build "
-        f"(import cutlass: {type(_error).__name__}: {_error})",
-        allow_module_level=True,
-    )
 
 import cudnn
 import torch.nn.functional as F
@@ -42,6 +32,8 @@ import torch_cudnn_handle as tch
 from conftest import run_concurrently, run_in_thread
 from support.graphs import MATMUL
 from torch_cudnn_handle.nn.attention import sdpa_inference_forward
+
+pytestmark = [pytest.mark.gpu, pytest.mark.dsl]  # dsl: the CuTe DSL the frost engines JIT-compile with
 
 SHAPE = (2, 4, 128, 512)  # B, H, S, D: the shared layout
 SCOPED_SHAPE = (1, 8, 256, 512)  # the cross-device scoping tests' layout (its own JIT compile)
@@ -205,18 +197,11 @@ def frost_sdpa():
     return SharedFrostGraph()
 
 
-def requires_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 or more GPUs")
-
-
 # -- a: through the op, on each GPU -------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", [0, 1], ids=["cuda0", "cuda1"])
+@pytest.mark.parametrize("device", [pytest.param(0, id="cuda0"), pytest.param(1, id="cuda1", marks=pytest.mark.two_gpus)])
 def test_the_op_runs_a_frost_graph_and_matches_torch(frost_sdpa, device):
-    if device == 1:
-        requires_two_gpus()
     frost_sdpa.require()
     if device == 0:
         output, inputs = frost_sdpa.first_output
@@ -237,9 +222,9 @@ def test_the_op_runs_a_frost_graph_and_matches_torch(frost_sdpa, device):
 DIRECTIONS = pytest.mark.parametrize("target, other", [(1, 0), (0, 1)], ids=["cuda1-from-cuda0", "cuda0-from-cuda1"])
 
 
+@pytest.mark.two_gpus
 @DIRECTIONS
 def test_the_op_builds_for_the_inputs_device_from_another_current_device(target, other):
-    requires_two_gpus()
     seen = []
 
     def recording_builder(graph, q, k, v):
@@ -264,9 +249,9 @@ def test_the_op_builds_for_the_inputs_device_from_another_current_device(target,
     assert_matches_torch(output, *inputs, what=f"cuda:{target}, built and run from cuda:{other}")
 
 
+@pytest.mark.two_gpus
 @DIRECTIONS
 def test_a_pygraph_built_in_build_scope_targets_that_device(target, other):
-    requires_two_gpus()
     inputs = sdpa_inputs(target, seed=30 + target, shape=SCOPED_SHAPE)
     torch.cuda.synchronize(target)
 

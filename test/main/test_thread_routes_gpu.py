@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from conftest import requires_cuda, requires_native_path
+from conftest import requires_native_path
 from support.paths import REPO
 
-pytestmark = [requires_cuda, requires_native_path]
+pytestmark = [pytest.mark.gpu, requires_native_path]
 
 BENCH = os.path.join(REPO, "bench")
 

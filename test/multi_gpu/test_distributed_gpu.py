@@ -12,21 +12,18 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import torch_cudnn_handle
 from support.paths import REPO
 
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch_cudnn_handle.with_cuda, reason="needs a CUDA build of torch_cudnn_handle"),
+]
+
 EXAMPLE = os.path.join(REPO, "examples", "distributed.py")
 STEPS = 2
 TIMEOUT_S = 420  # the example compiles four models (two per wrapper) with inductor
-
-has_cuda = torch.cuda.is_available() and torch_cudnn_handle.with_cuda
-needs_one_gpu = pytest.mark.skipif(not has_cuda, reason="needs a CUDA GPU and a CUDA build of torch_cudnn_handle")
-needs_two_gpus = pytest.mark.skipif(
-    not has_cuda or torch.cuda.device_count() < 2,
-    reason=f"needs 2 GPUs for two ranks (this machine has {torch.cuda.device_count()}) and a CUDA build of torch_cudnn_handle",
-)
 
 
 def run_example(*launcher: str) -> subprocess.CompletedProcess:
@@ -54,12 +51,11 @@ def assert_every_check_ok(result: subprocess.CompletedProcess, world_size: int) 
     assert f"on {world_size} GPU(s)" in result.stdout
 
 
-@needs_two_gpus
+@pytest.mark.two_gpus  # two ranks through torchrun
 def test_two_ranks_through_torchrun():
     result = run_example("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
     assert_every_check_ok(result, world_size=2)
 
 
-@needs_one_gpu
 def test_one_process_without_torchrun():
     assert_every_check_ok(run_example(), world_size=1)

@@ -15,7 +15,7 @@ from conftest import run_concurrently, run_in_thread
 from support.graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
 from torch_cudnn_handle import _C
 
-pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs")
+pytestmark = [pytest.mark.gpu, pytest.mark.two_gpus]
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 

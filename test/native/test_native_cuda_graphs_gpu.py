@@ -26,10 +26,10 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import frontend_outputs_of, requires_cuda, run_concurrently
+from conftest import frontend_outputs_of, run_concurrently
 from torch_cudnn_handle.registry import TensorSpec
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 def graph_capable_matmul(graph, a, b):

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently
+from conftest import python_backward_calls, requires_native_path, run_concurrently
 from support.graphs import linear_inputs, linear_relu, linear_relu_reference, relu, relu_grad
 from torch_cudnn_handle import _C
 from torch_cudnn_handle.registry import _registry
 from torch_cudnn_handle.registry.build import NATIVE_PENDING_REASON
 
-pytestmark = [requires_cuda, requires_native_path]
+pytestmark = [pytest.mark.gpu, requires_native_path]
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import python_backward_calls, requires_cuda, requires_native_path
+from conftest import python_backward_calls, requires_native_path
 from torch_cudnn_handle import execute as tch_execute
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 from torch_cudnn_handle.nn import (  # noqa: E402
     Attention,

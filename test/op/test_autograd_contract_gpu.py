@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from conftest import requires_cuda, run_concurrently
+from conftest import run_concurrently
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm
 from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 def held_after_forward(forward, *inputs) -> int:

@@ -11,11 +11,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
 from support.graphs import LINEAR_RELU, MATMUL, RELU, linear_inputs, linear_relu, linear_relu_reference, matmul
 from torch_cudnn_handle import _C
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 
 

@@ -9,10 +9,10 @@ import torch
 from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
-from conftest import python_backward_calls, requires_cuda, requires_native_path, run_concurrently, run_in_thread
+from conftest import python_backward_calls, requires_native_path, run_concurrently, run_in_thread
 from support.graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 

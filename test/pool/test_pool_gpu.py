@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
+from conftest import outcome_in_forked_child, run_in_thread
 from support.pool_counts import device_counts, wait_for_in_use
 from torch_cudnn_handle import _C
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 def small_matmul_graph():

@@ -12,14 +12,13 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import outcome_in_forked_child, requires_cuda, run_in_thread
+from conftest import outcome_in_forked_child, run_in_thread
 from support.graphs import LINEAR_RELU, linear_inputs, linear_relu, linear_relu_reference
 from support.paths import TESTS
 from torch_cudnn_handle import _C
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 PYTHON_PATH_LINEAR = tch.register_graph(linear_relu, name="python_path_linear_relu")
 
@@ -107,7 +106,7 @@ def test_an_entry_point_leaves_the_callers_device_and_context(name):
         torch.testing.assert_close(result, linear_relu_reference(*inputs), **TOLERANCE)
 
 
-@two_gpus
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("caller, target", [(0, 1), (1, 0)])
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_work_on_another_device_leaves_the_callers_device_and_context(name, caller, target):
@@ -120,7 +119,7 @@ def test_work_on_another_device_leaves_the_callers_device_and_context(name, call
         torch.testing.assert_close(result, linear_relu_reference(*inputs), **TOLERANCE)
 
 
-@two_gpus
+@pytest.mark.two_gpus
 def test_a_thread_alternating_devices_gets_correct_results_on_both():
     inputs = {d: linear_inputs(device=f"cuda:{d}", seed=40 + d) for d in (0, 1)}
     expected = {d: linear_relu_reference(*inputs[d]) for d in (0, 1)}

@@ -9,8 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import requires_cuda
-
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
@@ -18,7 +16,7 @@ from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle.registry import _registry, plan_store
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 BUILT = {"operation_graph", "heuristics", "support", "plan"}
 

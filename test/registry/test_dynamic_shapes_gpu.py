@@ -9,10 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from conftest import requires_cuda
 from torch_cudnn_handle.nn import TransformerBlock, sdpa
 
-pytestmark = [requires_cuda, pytest.mark.usefixtures("fresh_dynamo")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
 DTYPE = torch.bfloat16
 
 

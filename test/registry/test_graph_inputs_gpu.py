@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
-from conftest import frontend_outputs_of, requires_cuda
+from conftest import frontend_outputs_of
 from support.graph_inputs import CONV, INT8_CONV, LAYERNORM, RELU_TO_HALF, RMSNORM, nhwc_strides
 from torch_cudnn_handle.registry import TensorSpec, _registry
 from torch_cudnn_handle.registry.build import _differs_in_memory
 
-pytestmark = [requires_cuda, pytest.mark.usefixtures("fresh_dynamo")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def built_for(graph_id, inputs):

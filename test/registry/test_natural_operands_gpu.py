@@ -18,13 +18,13 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda, requires_native_path
+from conftest import requires_native_path
 from torch_cudnn_handle import _C, op
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm
 from torch_cudnn_handle.nn.linear import GELU_BACKWARD, MATMUL, RELU_BACKWARD, linear_forward
 from torch_cudnn_handle.nn.norm import _BACKWARD_OPERANDS, rmsnorm_backward, rmsnorm_forward
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.float16, torch.bfloat16]
 

@@ -25,12 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import cudnn  # noqa: E402
 
 import torch_cudnn_handle as tch  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
 
 from support import ragged_graphs as rg  # noqa: E402
 from torch_cudnn_handle.registry import _registry  # noqa: E402
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 # Same B and S_max, other token counts (Tq, Tkv): 52/61, 58/9, 60/144.
 LENS = [((5, 17, 30), (9, 12, 40)), ((48, 1, 9), (2, 3, 4)), ((20, 20, 20), (48, 48, 48))]
@@ -152,7 +151,7 @@ def test_offsets_on_the_cpu_are_refused_with_the_fix():
         tch.execute(graph, inputs)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.two_gpus
 def test_offsets_on_another_gpu_are_refused_with_the_fix():
     graph = rg.register()[0]
     inputs = _poisoned_inputs(*LENS[0])

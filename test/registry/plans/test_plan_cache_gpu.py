@@ -21,8 +21,6 @@ import uuid
 import pytest
 import torch
 
-from conftest import requires_cuda
-
 import torch_cudnn_handle as tch
 from support.paths import REPO, TESTS
 from torch_cudnn_handle.nn.attention import _BACKWARD_OPERANDS, sdpa_backward, sdpa_forward
@@ -30,7 +28,7 @@ from torch_cudnn_handle.nn.linear import linear_forward
 from torch_cudnn_handle.registry import plan_store
 from torch_cudnn_handle.registry.build_timing import AFTER_BUILD_PHASES
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 LENGTHS = (136, 264, 520, 1032)
 ROOT = REPO

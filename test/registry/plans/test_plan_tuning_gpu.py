@@ -11,14 +11,13 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from conftest import requires_cuda
 from support.graphs import linear_inputs, linear_relu, linear_relu_reference, matmul
 from support.paths import TESTS
 from torch_cudnn_handle import plan_tuning
 from torch_cudnn_handle.native import decode_ubjson
 from torch_cudnn_handle.registry import TensorSpec, _describe, _registry
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 TOLERANCE = dict(atol=2e-2, rtol=2e-2)
 SHAPE = (4, 256, 512, 128)  # batch, m, k, n: big enough for the heuristics to offer several plans
