@@ -1,4 +1,5 @@
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -11,11 +12,11 @@ import torch
 # test's same graph) left behind: tests of built graphs' plans, tuning and routes stay
 # about this run. test_plan_store*.py and test_plan_cache_gpu.py turn it on, per test,
 # in a tmp_path (settings.set_plan_store, or the variables for a subprocess).
-os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_CACHE", "0")
+os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_STORE", "0")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # the tests' helpers (graphs.py, host_sync_probe.py)
+sys.path.insert(0, HERE)  # the tests' helpers: the support package (support/graphs.py, ...)
 
 
 def _load_by_path(name: str, path: str):
@@ -30,7 +31,40 @@ def _load_by_path(name: str, path: str):
 
 load_auxiliary = _load_by_path("extension_build", os.path.join(ROOT, "tools", "extension_build.py")).load_auxiliary
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+def _missing_cute_dsl():
+    try:
+        import cutlass  # noqa: F401  -- the CuTe DSL the frost engines (and one adopted seam) need
+    except Exception as error:  # noqa: BLE001 -- ImportError, or its CUDA libraries failing to load
+        return f"needs the CuTe DSL (nvidia-cutlass-dsl with its CUDA libraries; import cutlass: {type(error).__name__}: {error})"
+    return None
+
+
+# The markers pyproject.toml registers, each with what its test needs: a reason when that is
+# missing here, else None. Checked in this order (a GPU, then the DSL, then a second GPU: the
+# order test_frost_gpu.py checked them in), each at most once per process.
+REQUIREMENTS = {
+    "gpu": functools.cache(lambda: None if torch.cuda.is_available() else "needs a CUDA GPU"),
+    "dsl": functools.cache(_missing_cute_dsl),
+    "two_gpus": functools.cache(lambda: None if torch.cuda.device_count() >= 2 else "needs two CUDA GPUs"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The one skip rule for hardware and the CuTe DSL: a test marked gpu, two_gpus or dsl
+    (itself, or its module by ``pytestmark``) is skipped where that is missing, before its
+    fixtures, with the first missing one's reason. The skip is a skipif mark put ahead of the
+    test's own, so the report names the test's file and line, and no other skipif of the
+    test (the native path off, say) speaks first. Runs ahead of pytest's own skipping."""
+    for marker, missing in REQUIREMENTS.items():
+        if item.get_closest_marker(marker) is not None:
+            reason = missing()
+            if reason is not None:
+                item.add_marker(pytest.mark.skipif(True, reason=reason), append=False)
+                return
+
+
 requires_native_path = pytest.mark.skipif(
     os.environ.get("TORCH_CUDNN_HANDLE_NATIVE", "1") == "0",
     reason="the native path is off (TORCH_CUDNN_HANDLE_NATIVE=0): every backward goes through Python",
@@ -38,13 +72,13 @@ requires_native_path = pytest.mark.skipif(
 
 
 def build_pool_seam():
-    """The pool's CPU test seam (test/csrc/pool_seam.cpp), a test-only extension:
+    """The pool's CPU test seam (test/support/csrc/pool_seam.cpp), a test-only extension:
     compiled on first use (tools/extension_build.py; CPU-only C++, so the same with a CPU or
     a CUDA torch). It compiles its own copy of
     csrc/pool/fork_guard.cpp: its fork guard's state is its own, separate from _C's,
     which is what test_pool_seam.py tests (the pool template together with the guard).
     -fvisibility=hidden keeps that copy's symbols bound inside the seam."""
-    return load_auxiliary("pool_seam", ["test/csrc/pool_seam.cpp", "csrc/pool/fork_guard.cpp"], kind="test", with_cuda=False,
+    return load_auxiliary("pool_seam", ["test/support/csrc/pool_seam.cpp", "csrc/pool/fork_guard.cpp"], kind="test", with_cuda=False,
                           extra_cflags=("-O2", "-fvisibility=hidden"))
 
 

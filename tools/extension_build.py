@@ -1,5 +1,5 @@
 """How this repository compiles C++ against torch, for setup.py (the shipped _C) and for the
-test- and bench-only extensions (test/csrc, bench/csrc) that never ship."""
+test- and bench-only extensions (test/support/csrc, bench/csrc) that never ship."""
 
 import hashlib
 import os
@@ -24,7 +24,7 @@ def shared_libstdcxx() -> list:
     """The libstdc++.so.6 this process runs with (torch loaded it), named on the link line:
     some toolchains (the GPU host's /opt/gcc) link libstdc++ statically by default, and a
     second copy of its locale machinery inside an extension crashed integer formatting.
-    test/test_build.py checks the shipped module."""
+    test/main/test_build.py checks the shipped module."""
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split()[-1]

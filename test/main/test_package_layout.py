@@ -1,0 +1,142 @@
+"""The package's shape, as a maintainer relies on it: no import circle, no private name
+imported across packages, every environment variable read in settings.py alone, and files
+of a screen or two (a longer C++ file says why in its header)."""
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "torch_cudnn_handle")
+PYTHON_LIMIT, CPP_LIMIT = 300, 250
+
+
+def _modules():
+    """{dotted module name: path} of every Python module of the package."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for file in files:
+            if file.endswith(".py"):
+                path = os.path.join(folder, file)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+EXTENSION = "torch_cudnn_handle._C"  # compiled (csrc/): imports nothing of the package
+
+
+def _imports(name, path):
+    """(imported module, imported name or None, line) for every import in a module, relative ones resolved."""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                yield base, alias.name, node.lineno
+
+
+def _edges():
+    """module -> the package modules it imports (a name that is a submodule counts as that module)."""
+    edges = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for module, imported, _ in _imports(name, path):
+            candidate = f"{module}.{imported}" if imported else module
+            if candidate in MODULES or candidate == EXTENSION:
+                targets.add(candidate)
+            elif module in MODULES:
+                targets.add(module)
+        edges[name] = targets - {name}
+    edges[EXTENSION] = set()
+    return edges
+
+
+def test_no_import_circle():
+    edges, state, path, circles = _edges(), {}, [], []
+
+    def visit(module):
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == "open":
+                circles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def _subpackage(module):
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+ALLOWED_PRIVATE = {"torch_cudnn_handle._C", "torch_cudnn_handle._version", "torch_cudnn_handle._extension", "torch_cudnn_handle._deprecated"}
+
+
+def _private_imports(name, path, own):
+    """Underscore names ``name`` imports from a package other than ``own`` (ours, or the frontend's)."""
+    for module, imported, line in _imports(name, path):
+        if not module.split(".")[0] in ("torch_cudnn_handle", "cudnn"):
+            continue
+        names = module.split(".") + ([imported] if imported else [])
+        target = f"{module}.{imported}" if imported else module
+        if target in ALLOWED_PRIVATE or module in ALLOWED_PRIVATE:
+            continue
+        if any(part.startswith("_") and part != "__future__" for part in names) and _subpackage(module) != own:
+            yield f"{os.path.relpath(path, ROOT)}:{line}: {target}"
+
+
+def test_no_private_name_is_imported_across_packages():
+    found = [hit for name, path in MODULES.items() for hit in _private_imports(name, path, _subpackage(name))]
+    for folder in ("test", "bench", "examples"):
+        for top, _, files in os.walk(os.path.join(ROOT, folder)):
+            for file in files:
+                if file.endswith(".py"):
+                    found += _private_imports(file[:-3], os.path.join(top, file), own=None)
+    assert not found, "private names imported across packages:\n" + "\n".join(found)
+
+
+def test_every_environment_variable_is_read_in_settings_alone():
+    readers = []
+    for name, path in MODULES.items():
+        text = open(path).read()
+        if name != "torch_cudnn_handle.settings" and re.search(r"os\.environ|getenv\(", text):
+            if name != "torch_cudnn_handle.__main__" or "TORCH_CUDNN_HANDLE_" in "".join(re.findall(r"environ[^\n]*", text)):
+                readers.append(os.path.relpath(path, ROOT))  # the main job reports the loader's path, no setting
+    for top, _, files in os.walk(os.path.join(ROOT, "csrc")):
+        readers += [os.path.join(top, f) for f in files if "getenv(" in open(os.path.join(top, f)).read()]
+    assert not readers, f"environment variables read outside torch_cudnn_handle/settings.py: {readers}"
+
+
+def test_files_are_a_screen_or_two():
+    long = [f"{os.path.relpath(p, ROOT)}: {n} lines" for p in MODULES.values() if (n := len(open(p).readlines())) > PYTHON_LIMIT]
+    for top, _, files in os.walk(os.path.join(ROOT, "csrc")):
+        for file in files:
+            path = os.path.join(top, file)
+            lines = open(path).readlines()
+            header = "".join(lines[:12])
+            if len(lines) > CPP_LIMIT and f"longer than {CPP_LIMIT} lines" not in header:
+                long.append(f"{os.path.relpath(path, ROOT)}: {len(lines)} lines, and its header does not say why")
+    assert not long, "\n".join(long)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
+def test_each_module_opens_by_naming_what_it_owns(name):
+    tree = ast.parse(open(MODULES[name]).read())
+    assert ast.get_docstring(tree), f"{name} has no module docstring"

@@ -1,0 +1,204 @@
+"""Argument validation that needs no GPU: devices, graph ids, arities, CPU tensors, and
+every wrong argument a call can get, refused where a trace (meta or fake tensors) sees it."""
+
+import re
+
+import cudnn
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_cudnn_handle as tch
+from support.graphs import LINEAR_RELU
+
+
+@pytest.mark.parametrize(
+    "device, error, words",
+    [
+        ("cpu", ValueError, "CUDA devices; got 'cpu'"),
+        (torch.device("cpu"), ValueError, "got 'cpu'"),
+        ("meta", ValueError, "got 'meta'"),
+        ("not-a-device", ValueError, "'not-a-device' is not a device string"),
+        (1_000_000, ValueError, "cuda:1000000 does not exist"),
+        ("cuda:999", ValueError, "cuda:999 does not exist"),
+        (-1, ValueError, "cuda:-1 does not exist"),
+        (1.5, TypeError, "expected a device, got float"),
+        (True, TypeError, "a bool is not a device"),
+    ],
+)
+def test_bad_devices_are_rejected_clearly(device, error, words):
+    with pytest.raises(error, match=words) as raised:
+        tch.current_handle(device)
+    assert "Pass a CUDA device" in str(raised.value)
+    with pytest.raises(error, match=words):
+        tch.bind_context(device)
+    with pytest.raises(error, match=words):
+        with tch.build_scope(device):
+            pass
+
+
+def test_cpu_inputs_are_refused_with_the_fix():
+    x, w, b = (t.cpu() for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match=r"input 0 of graph 'linear_relu' is on cpu.*\.to\('cuda:N'\)"):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w, b])
+    with pytest.raises(ValueError, match="is on cpu"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=[torch.empty(2, 16, 8)])
+
+
+def _meta_linear_inputs():
+    return [torch.zeros(2, 16, 32, dtype=torch.half), torch.zeros(2, 32, 8, dtype=torch.half), torch.zeros(2, 1, 8, dtype=torch.half)]
+
+
+def test_unknown_graph_id_is_named():
+    inputs = [t.to("meta") for t in _meta_linear_inputs()]
+    with pytest.raises(ValueError, match="unknown graph id 987654.*register_graph"):
+        torch.ops.cudnn_fe.execute(987654, inputs)
+
+
+def test_wrong_number_of_inputs_is_named():
+    x, w, _ = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match="'linear_relu' takes 3 input tensors, got 2"):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w])
+
+
+def test_register_graph_rejects_what_is_not_a_builder():
+    with pytest.raises(TypeError, match="builder must be callable"):
+        tch.register_graph(42)
+    with pytest.raises(TypeError, match="backward_operands needs a backward builder"):
+        tch.register_graph(lambda g, x: x, backward_operands=lambda *a: [])
+
+
+def test_a_graph_without_backward_says_so_at_backward_time():
+    gid = tch.register_graph(lambda g, x: g.relu(x), name="relu_only")
+    x = torch.empty(4, 8, 8, device="meta", requires_grad=True)
+    (y,) = torch.ops.cudnn_fe.execute(gid, [x])
+    with pytest.raises(RuntimeError, match="'relu_only'.*no backward.*backward="):
+        y.sum().backward()
+
+
+def test_cache_capacity_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        tch.settings.set_graph_cache_capacity(0)
+
+
+def test_an_empty_input_list_is_named():
+    for call in (lambda: torch.ops.cudnn_fe.execute(LINEAR_RELU, []), lambda: tch.execute(LINEAR_RELU, [])):
+        with pytest.raises(ValueError, match="got no input tensors; pass at least one CUDA tensor"):
+            call()
+    with pytest.raises(ValueError, match="got no input tensors"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [], out=[])
+
+
+def test_inputs_on_several_devices_are_refused_even_when_one_is_meta():
+    x, w, b = _meta_linear_inputs()
+    for inputs in ([x, w.to("meta"), b], [x.to("meta"), w, b.to("meta")]):
+        with pytest.raises(ValueError, match="more than one device"):
+            torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+
+
+@pytest.mark.parametrize("dtype, words", [(torch.complex64, "complex64, which a cuDNN graph cannot take"), (torch.float4_e2m1fn_x2, "float4_e2m1fn_x2, which a cuDNN graph cannot take")])
+def test_a_dtype_a_graph_cannot_take_fails_at_trace_time(dtype, words):
+    inputs = [t.to("meta", dtype) for t in _meta_linear_inputs()]
+    with pytest.raises(ValueError, match=words):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, inputs)
+
+
+def test_out_refuses_autograd_and_bumps_versions_on_meta():
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    out = torch.empty(2, 16, 8, dtype=torch.half, device="meta")
+    with pytest.raises(RuntimeError, match=r"don't support automatic differentiation, but inputs\[0\] requires grad"):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.requires_grad_(), w, b], out=[out])
+    version = out._version
+    torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.detach(), w, b], out=[out])
+    assert out._version == version + 1
+    saved = torch.empty(2, 16, 8, dtype=torch.half, device="meta")
+    a = torch.empty(2, 16, 8, dtype=torch.half, device="meta", requires_grad=True)
+    loss = (a * saved).sum()
+    torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x.detach(), w, b], out=[saved])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+# -- every wrong argument gets an error naming it, the problem and the fix -----------------
+
+
+@pytest.mark.parametrize("bad, words", [(None, "inputs\\[1\\] of graph 'linear_relu' is NoneType, not a tensor"), (3, "inputs\\[1\\] of graph 'linear_relu' is int, not a tensor")])
+def test_a_non_tensor_in_the_inputs_is_named_by_tch_execute(bad, words):
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(TypeError, match=words + r".*list of tensors \(a Python number as a host scalar: torch.tensor\(value\)\)"):
+        tch.execute(LINEAR_RELU, [x, bad, b])
+    with pytest.raises(TypeError, match=words):
+        tch.execute_out(LINEAR_RELU, [x, bad, b], out=[torch.empty(2, 16, 8, dtype=torch.half, device="meta")])
+    with pytest.raises(TypeError, match="out\\[0\\] of graph 'linear_relu' is NoneType"):
+        tch.execute_out(LINEAR_RELU, [x, w, b], out=[None])
+
+
+def test_a_non_tensor_in_the_inputs_of_the_op_is_refused_by_torchs_parser():
+    """torch.ops parses the arguments against the schema before any kernel of this library
+    runs, so the message is torch's: it names the argument and prints the list it got."""
+    x, _, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(RuntimeError, match=r"(?s)Expected a value of type 'List\[Tensor\]' for argument 'inputs'.*Value: \[.*, None, "):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, None, b])
+
+
+@pytest.mark.parametrize("graph", [2**63, -(2**63) - 1, 1.0, "1"])
+def test_a_graph_id_that_is_not_an_int64_is_named(graph):
+    inputs = [t.to("meta") for t in _meta_linear_inputs()]
+    with pytest.raises(TypeError, match=f"graph must be an int id from register_graph\\(\\).*got {re.escape(repr(graph))}"):
+        tch.execute(graph, inputs)
+
+
+@pytest.mark.parametrize("returned, words", [(None, "the builder returned NoneType"), (7, "the builder returned int"), ([7], "element 0 of what the builder returned is int")])
+def test_a_builder_returning_no_tensor_is_named_at_trace_time(returned, words):
+    gid = tch.register_graph(lambda g, x: returned, name=f"returns_{type(returned).__name__}")
+    with pytest.raises(TypeError, match=f"graph 'returns_{type(returned).__name__}': {words}.*return the cudnn.Tensor a graph node gave"):
+        torch.ops.cudnn_fe.execute(gid, [torch.empty(4, 8, 8, device="meta")])
+
+
+def test_a_zero_dim_input_is_refused_with_the_fix():
+    gid = tch.register_graph(lambda g, x, s: g.mul(x, s), name="scale")
+    x = torch.empty(4, 8, 8, device="meta")
+    with pytest.raises(ValueError, match=r"input 1 of graph 'scale' is a 0-dim tensor on meta.*\[1\]-shaped tensor \(t.reshape\(1\)\)"):
+        torch.ops.cudnn_fe.execute(gid, [x, torch.empty((), device="meta")])
+    with FakeTensorMode():
+        fake = torch.empty(4, 8, 8, device="cuda")
+        with pytest.raises(ValueError, match="input 1 of graph 'scale' is a 0-dim tensor on cuda:0"):
+            torch.ops.cudnn_fe.execute(gid, [fake, torch.empty((), device="cuda")])
+
+
+@pytest.mark.parametrize(
+    "out, words",
+    [
+        ([torch.empty(2, 16, 9, dtype=torch.half)], r"out\[0\] of graph 'linear_relu' is float16\[2, 16, 9\]"),
+        ([torch.empty(2, 16, 8, dtype=torch.float)], r"out\[0\] of graph 'linear_relu' is float32\[2, 16, 8\]"),
+        ([torch.empty(2, 16, 8, dtype=torch.half)] * 2, "has 1 outputs, got 2 out tensors; pass one tensor per output"),
+        ([], "has 1 outputs, got 0 out tensors"),
+    ],
+)
+def test_a_wrong_out_fails_at_trace_time(out, words):
+    x, w, b = (t.to("meta") for t in _meta_linear_inputs())
+    with pytest.raises(ValueError, match=words):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=[t.to("meta") for t in out])
+
+    def into(x, w, b, out):
+        torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=out)
+        return out
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=words):
+        torch.compile(into, backend="aot_eager", fullgraph=True)(x, w, b, [t.to("meta") for t in out])
+
+
+def test_built_graphs_of_an_unknown_id_raises():
+    with pytest.raises(ValueError, match="unknown graph id 9999.*register_graph"):
+        tch.built_graphs(9999)
+
+
+def test_register_built_graph_wants_a_built_pygraph():
+    with pytest.raises(TypeError, match="graph must be a cudnn.pygraph built with graph.build.*got object.*register_graph"):
+        tch.register_built_graph(object(), [], [], device="cuda:0")
+    graph = cudnn.pygraph()
+    x = graph.tensor(name="x", dim=[1, 8, 8], stride=[64, 8, 1], data_type=cudnn.data_type.HALF)
+    y = graph.relu(x).set_output(True)
+    with pytest.raises(ValueError, match=r"the cudnn.pygraph is not built .*call graph.build\(\[cudnn.heur_mode.A\]\) first"):
+        tch.register_built_graph(graph, [x], [y], device="cuda:0")
