@@ -14,7 +14,9 @@ produces; the demo prints which registered graph each ``torch.ops.cudnn_fe.execu
 node calls, how often, and that there was no graph break. With ``verbose`` it also
 prints the graph itself, where every matmul, norm and attention is such a node.
 
-Report and demo print label/value rows through ``row``, so their values share one column.
+Report and demo print label/value rows through ``row``, so their values share one column;
+``summary_rows`` says in words what each subsystem holds and did (handles, graphs, plan
+store, plan tuning, native CUDA graphs), for the report and after the GPU demo.
 """
 
 from __future__ import annotations
@@ -36,9 +38,119 @@ def row(label: str, value) -> None:
     print(f"  {label:<{LABEL_WIDTH}}{value}")
 
 
-def format_stats(stats: dict) -> str:
-    """A stats dict (pool_stats(), registry_stats()) as "key=value" pairs on one line."""
-    return " ".join(f"{key}={value}" for key, value in stats.items())
+def current_stats() -> dict:
+    """Every stats dict of the library, by subsystem (``--json`` prints them as they are)."""
+    import torch_cudnn_handle as tch
+
+    return dict(pool=tch.pool_stats(), registry=tch.registry_stats(), tuning=tch.tuning_stats(),
+                native_cuda_graphs=tch.native_cuda_graph_stats())
+
+
+def current_settings() -> dict:
+    """The settings that decide where graphs come from and how they run."""
+    from . import plan_tuning
+    from .registry import kernel_caches, plan_store
+
+    return dict(
+        plan_store=dict(enabled=plan_store.plan_cache_enabled(), directory=plan_store.plan_cache_dir()),
+        plan_tuning=dict(enabled=plan_tuning.tuning_enabled(), cache_file=plan_tuning.cache_path()),
+        dynamic_shapes=kernel_caches.dynamic_shapes_enabled(),
+    )
+
+
+def _counted(pairs, none: str = "none") -> str:
+    """"2 built, 1 loaded" from (count, words) pairs, leaving out zero counts (all zero: ``none``)."""
+    return ", ".join(f"{n} {words}" for n, words in pairs if n) or none
+
+
+def _handle_rows(pool: dict) -> list:
+    import torch_cudnn_handle as tch
+
+    if not tch.with_cuda:
+        return [("handles", "none: this build has no CUDA, so it has no cuDNN handle pool")]
+    devices = pool["devices"]
+    if not devices:
+        return [("handles", "none yet: the pool makes one per device and thread on first use")]
+    rows = []
+    for ordinal, counts in sorted(devices.items()):
+        rows.append(("handles" if not rows else "", f"cuda:{ordinal}: {counts['created']} made, {counts['in_use']} held by "
+                                                    f"live threads, {counts['free']} free for the next thread"))
+    label, value = rows[0]
+    rows[0] = (label, f"{value}; {pool['set_stream_calls']} cudnnSetStream calls" + (" (all devices)" if len(rows) > 1 else ""))
+    return rows
+
+
+ROUTE_WORDS = {"static": "built", "kernel_cache": "built from a kernel cache (dynamic shapes)", "disk_cache": "loaded from the plan store"}
+
+
+def _graph_rows(registry: dict) -> list:
+    routes = registry["routes"]
+    obtained = sum(routes.values())
+    if not obtained and not registry["cached"]:
+        return [("graphs", f"{registry['definitions']} registered, none built yet (each is built on its first call, "
+                           "per device and input layout)")]
+    where = _counted((n, ROUTE_WORDS.get(route, f"via {route}")) for route, n in sorted(routes.items(), key=lambda item: item[0] != "static"))
+    rows = [("graphs", f"{registry['definitions']} registered; {obtained} obtained in {registry['plan_seconds']:.2f} s: {where}")]
+    pending = registry["native_pending"]
+    on_python = "on the Python path" + (f" ({pending} of them go native at their next call)" if pending else "")
+    paths = _counted([(registry["native"], "run natively (C++)"), (registry["python_path"], on_python)])
+    rows.append(("  in the cache", f"{registry['cached']} of at most {registry['capacity']}: {paths}"
+                                   + (f"; {registry['evictions']} evicted" if registry["evictions"] else "")))
+    return rows
+
+
+def _plan_store_row(registry: dict, store: dict, active_only: bool) -> list:
+    counts = _counted([(registry["disk_hits"], "plans loaded"), (registry["disk_writes"], "written"),
+                       (registry["disk_rejected"], "rejected (stale or damaged)"), (registry["disk_write_errors"], "failed to write")],
+                      none="")
+    if active_only and not counts:
+        return []
+    if not store["enabled"]:
+        return [("plan store", "off (TORCH_CUDNN_HANDLE_PLAN_CACHE=0 or set_plan_cache(False)): every graph is built"
+                 + (f"; {counts}" if counts else ""))]
+    return [("plan store", f"on, {store['directory']}: " + (counts or "nothing loaded or written yet"))]
+
+
+def _tuning_row(tuning: dict, settings: dict, active_only: bool) -> list:
+    counts = _counted([(tuning["tuned"], "graphs timed"), (tuning["cache_hits"], "choices from the tuning cache"),
+                       (tuning["fallbacks"], "fell back to the heuristics' plan"), (tuning["cache_errors"], "tuning-cache errors")],
+                      none="")
+    if active_only and not counts:
+        return []
+    if not settings["enabled"]:
+        return [("plan tuning", "off: heuristics pick each plan (TORCH_CUDNN_HANDLE_TUNE=1 or set_plan_tuning(True) times them)"
+                 + (f"; {counts}" if counts else ""))]
+    timed = f"{counts} in {tuning['tune_seconds']:.2f} s" if counts else "nothing timed yet"
+    return [("plan tuning", f"on, cache {settings['cache_file']}: {timed}")]
+
+
+def _cuda_graph_row(graphs: dict, active_only: bool) -> list:
+    import torch_cudnn_handle as tch
+
+    counts = _counted([(graphs["populated"] + graphs["captured"], "made"), (graphs["launched"], "launches"),
+                       (graphs["failed"], "could not be made"), (graphs["kept"], "kept")], none="")
+    if active_only and not counts:
+        return []
+    if not tch.with_cuda:
+        return [("native CUDA graphs", "none: this build has no CUDA")]
+    if not graphs["enabled"]:
+        return [("native CUDA graphs", "off (TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS=0 or set_native_cuda_graphs(False))"
+                 + (f"; {counts}" if counts else ""))]
+    return [("native CUDA graphs", "on (a native call whose addresses repeat replays one): " + (counts or "none made yet"))]
+
+
+def summary_rows(stats: dict, settings: dict, active_only: bool = False) -> list:
+    """(label, value) rows that say, per subsystem, what it holds and did, in words:
+    the handle pool, the graphs (built or loaded, from where, on which path), the plan
+    store, plan tuning and the native CUDA graphs. ``active_only``: handles and graphs,
+    and the others only where they counted something."""
+    return [
+        *_handle_rows(stats["pool"]),
+        *_graph_rows(stats["registry"]),
+        *_plan_store_row(stats["registry"], settings["plan_store"], active_only),
+        *_tuning_row(stats["tuning"], settings["plan_tuning"], active_only),
+        *_cuda_graph_row(stats["native_cuda_graphs"], active_only),
+    ]
 
 
 def main(verbose: bool = False) -> int:
@@ -137,8 +249,6 @@ def _time(candidates, rounds: int = 3):
 
 
 def _train_and_time() -> int:
-    import torch_cudnn_handle as tch
-
     from .nn import TransformerBlock, reference_of
 
     dtype = torch.bfloat16
@@ -173,8 +283,8 @@ def _train_and_time() -> int:
     print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 3 interleaved rounds of torch.utils.benchmark")
     for line in timing_rows(figures):
         row(*line)
-    row("handle pool", format_stats(tch.pool_stats()))
-    row("graph registry", format_stats(tch.registry_stats()))
+    for line in summary_rows(current_stats(), current_settings(), active_only=True):
+        row(*line)
     return 0 if agree else 1
 
 
