@@ -11,7 +11,19 @@ import os
 import runpy
 import sys
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as error:
+    if error.name != "torch":
+        raise
+    # pip's default isolated build env has setuptools and nothing else (pyproject.toml deliberately
+    # lists no torch); stop here, before compiling, with the fix instead of a bare traceback.
+    sys.exit(
+        "torch_cudnn_handle: setup.py cannot import torch. The extension is compiled against the torch you run, so "
+        "build it without pip's build isolation: `pip install --no-build-isolation .` (or `pip install "
+        "--no-build-isolation -e .`), with torch installed; pip's isolated build env has no torch, and giving it "
+        "one would download a multi-GB CUDA torch."
+    )
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 

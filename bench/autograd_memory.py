@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn import FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa
+from timing import require_cuda_gpu
 
 MIB = 2**20
 
@@ -75,9 +76,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench/autograd_memory.py measures on a GPU; this machine has none")
-        return 1
+    require_cuda_gpu(__file__)
     rows = measure()
     if args.json:
         with open(args.json, "w") as f:

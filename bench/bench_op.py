@@ -13,7 +13,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from bench_pool import frontend_pattern_handle, matmul_graph
-from timing import compare, report, save
+from timing import compare, report, require_cuda_gpu, save
 
 
 def matmul(graph, a, b):
@@ -96,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--json")
     parser.add_argument("--calls", type=int, default=4000)
     args = parser.parse_args(argv)
+    require_cuda_gpu(__file__)
     rows = []
     bench_size(1, 16, 16, 16, args.calls, rows)
     bench_size(8, 1024, 1024, 1024, max(args.calls // 10, 100), rows)

@@ -12,7 +12,7 @@ import cudnn
 import torch
 
 import torch_cudnn_handle as tch
-from timing import compare, report, save
+from timing import compare, report, require_cuda_gpu, save
 
 _frontend_pattern_handles = threading.local()
 
@@ -44,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--json")
     parser.add_argument("--calls", type=int, default=4000)
     args = parser.parse_args(argv)
+    require_cuda_gpu(__file__)
 
     rows = []
     figures = compare(

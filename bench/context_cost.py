@@ -77,10 +77,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import torch
+    from timing import require_cuda_gpu
 
-    if not torch.cuda.is_available():
-        print("bench/context_cost.py measures on a GPU; this machine has none")
-        return 1
+    require_cuda_gpu(__file__)
     figures = measure(args.device, args.calls, args.rounds)
     stream = "default stream" if torch.cuda.current_stream(args.device).cuda_stream == 0 else "side stream"
     print(f"\n### host us per call, same device (cuda:{args.device}, torch's current stream: {stream}), "

@@ -128,12 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, --quick 3)")
     args = parser.parse_args(argv)
 
-    import torch
+    from timing import require_cuda_gpu, save
 
-    if not torch.cuda.is_available():
-        print("bench/gpu_work.py measures on a CUDA GPU; this machine has none")
-        return 1
-    from timing import save
+    require_cuda_gpu(__file__)
 
     calls = args.calls or (10 if args.quick else 100)
     rounds = args.rounds or (3 if args.quick else 7)

@@ -506,11 +506,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidates (no inductor compiles)")
     args = parser.parse_args(argv)
 
-    import torch
+    from timing import require_cuda_gpu
 
-    if not torch.cuda.is_available():
-        print("bench/modules.py measures on a CUDA GPU; this machine has none")
-        return 1
+    require_cuda_gpu(__file__)
     sizes = args.sizes or (["small"] if args.quick else list(SIZES))
     rounds = args.rounds or (3 if args.quick else 5)
     result = run(args.only, sizes, args.modes, quick=args.quick, rounds=rounds, target_ms=args.target_ms,

@@ -44,6 +44,7 @@ import tempfile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+from timing import require_cuda_gpu  # noqa: E402
 from torch_cudnn_handle.registry.build_timing import LIBRARY_PHASES, OBTAIN_PHASES, PHASES  # noqa: E402
 
 HAND_OVER = "native_hand_over"
@@ -224,6 +225,7 @@ def main() -> None:
                         help="when the library hands a plan to its native path (the native_hand_over setting)")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 3's child: write its report here
     args = parser.parse_args()
+    require_cuda_gpu(__file__)
     if args.block_process:
         return block_process(args.block_process)
     import torch_cudnn_handle as tch

@@ -582,10 +582,9 @@ def main(argv=None) -> int:
     sections = {s.strip() for s in args.sections.split(",")}
 
     import torch
+    from timing import require_cuda_gpu
 
-    if not torch.cuda.is_available():
-        print("bench/profile_steps.py profiles on a CUDA GPU; this machine has none")
-        return 1
+    require_cuda_gpu(__file__)
     import cudnn
 
     import torch_cudnn_handle as tch

@@ -772,11 +772,9 @@ def main(argv=None) -> int:
     if not runs_wanted or any(r not in RUNS for r in runs_wanted):
         parser.error(f"--runs takes a comma-separated subset of {', '.join(RUNS)}")
 
-    import torch
+    from timing import require_cuda_gpu
 
-    if not torch.cuda.is_available():
-        print("bench/report.py measures on a GPU; this machine has none (use --from-json to render saved figures)")
-        return 1
+    require_cuda_gpu(__file__, hint="python bench/report.py --from-json bench/results/report.json --out DIR renders the saved figures without one")
     calls, per_thread, rounds = (400, 100, 3) if args.quick else (4000, 1000, 5)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]))] + sys.argv[1:])

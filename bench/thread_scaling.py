@@ -411,6 +411,10 @@ def main(argv=None) -> int:
     parser.add_argument("--python-calls", type=int, default=250, help="calls per Python thread (0: no Python-thread rows)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
+    sys.path.insert(0, HERE)
+    from timing import require_cuda_gpu
+
+    require_cuda_gpu(__file__)
     rows = measure(args.calls, args.rounds)
     if args.python_calls > 0:
         rows += measure_python(args.python_calls, args.rounds)

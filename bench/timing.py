@@ -12,17 +12,38 @@ figures of separate runs differ by up to 60%).
 * ``compare``: the median of a timer for each candidate, rounds interleaved.
 * ``device_kernels``: what a step launches on the GPU (torch.profiler, CUDA activity),
   grouped by kernel name, with device time.
+* ``require_cuda_gpu``: what every entry point that measures on a GPU calls first: without
+  one it says so in one line on stderr and exits with status 2 (no traceback).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
+import sys
 import time
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
+
+NO_GPU_EXIT_STATUS = 2
+
+
+def require_cuda_gpu(script: str, hint: str = "") -> None:
+    """Return if this process can measure on a CUDA GPU; otherwise print
+    "bench/<script>: needs a CUDA GPU (why)" (and ``hint``) to stderr and exit with
+    status 2. ``script``: the entry point's ``__file__``. Call it after parsing the
+    arguments, so ``--help`` works anywhere."""
+    if torch.cuda.is_available():
+        return
+    if torch.version.cuda is None:
+        why = f"torch {torch.__version__} is a CPU-only build"
+    else:
+        why = f"torch {torch.__version__} has CUDA {torch.version.cuda} but sees no GPU: torch.cuda.is_available() is False"
+    print(f"bench/{os.path.basename(script)}: needs a CUDA GPU ({why}){'; ' + hint if hint else ''}", file=sys.stderr, flush=True)
+    sys.exit(NO_GPU_EXIT_STATUS)
 
 
 def host_us_per_call(fn: Callable[[], object], calls: int) -> float:

@@ -1,16 +1,21 @@
 """``python -m torch_cudnn_handle``: a diagnostic report, then the demo.
 
 The report: torch, CUDA, the cuDNN backend and frontend versions (or why libcudnn is not
-loaded); each GPU with the frontend's device facts; the pool's state; whether the op is
-registered and traceable.
+loaded); each GPU with the frontend's device facts; a line or two per subsystem in words
+(handles, graphs, plan store, plan tuning, native CUDA graphs); whether the op is
+registered and traceable. ``--json`` prints all of it (every stats dict as it is, the
+settings, the environment) as one JSON document instead. A reader that closes stdout
+early (``| head``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import importlib.util
+import json
 import os
 import platform
 import sys
@@ -22,7 +27,8 @@ import torch
 import torch_cudnn_handle as tch
 
 from ._version import __version__
-from .demo import format_stats, row
+from .demo import row
+from .summary import current_settings, current_stats, summary_rows
 
 DESCRIPTION = (
     "Print a diagnostic report (versions, GPUs, the cuDNN handle pool, the cudnn_fe op), then run "
@@ -31,44 +37,96 @@ DESCRIPTION = (
     "Without one the block is traced by torch.compile on fake CUDA tensors and the graph ids it calls "
     "are summarized."
 )
-EPILOG = "Exit status: 0 when the demo's checks pass (losses agree, or the trace has no graph break), 1 otherwise."
+EPILOG = (
+    "Exit status: 0 when the demo's checks pass (losses agree, or the trace has no graph break), 1 otherwise; "
+    "0 also when the reader closes stdout early (e.g. | head), which ends the run there."
+)
 
 
-def report() -> None:
+def facts() -> dict:
+    """Everything the report says, as data: versions, GPUs, the op, the library's settings
+    and every stats dict, and the environment that decides them."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = None
+    if tch.with_cuda and torch.cuda.is_available():
+        cuda = dict(driver=_cuda_version("driver"), runtime=_cuda_version("runtime"), pool_libcudnn=tch._C.cudnn_library_path())
+    devices = []
+    for ordinal in range(count):
+        info = cudnn.Handle(None, ordinal).device  # the frontend's DeviceInfo for the ordinal
+        devices.append(dict(ordinal=ordinal, name=info.device_name, sm_version=info.sm_version, sm_count=info.sm_count,
+                            l2_cache_bytes=info.l2_cache_bytes, shared_memory_per_block_optin=info.shared_memory_per_block_optin))
+    backend_version, backend_reason = _libcudnn()
+    op = torch.ops.cudnn_fe.execute.default
+    return {
+        "torch_cudnn_handle": dict(version=__version__, package=os.path.dirname(os.path.abspath(tch.__file__)),
+                                   extension=tch._C.__file__, extension_with_cuda=tch.with_cuda),
+        "python": dict(version=platform.python_version(), implementation=platform.python_implementation(), executable=sys.executable),
+        "torch": dict(version=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(), device_count=count),
+        "cudnn_frontend": dict(version=cudnn.__version__, package="nvidia-cudnn-frontend"),
+        "cudnn_backend": dict(loaded=backend_version is not None, version=backend_version, not_loaded_because=backend_reason),
+        "cuda": cuda,
+        "devices": devices,
+        # Before the stats: the check registers a graph, which the registry's count includes.
+        "op": dict(name="torch.ops.cudnn_fe.execute", schema=str(op._schema),
+                   tags=sorted(str(t).replace("Tag.", "") for t in op.tags), traceable=_traceable()),
+        "settings": current_settings(),
+        "stats": current_stats(),
+        "environment": dict(
+            platform=platform.platform(), machine=platform.machine(), cpus=os.cpu_count(),
+            variables={name: value for name, value in sorted(os.environ.items())
+                       if name.startswith(("TORCH_CUDNN_HANDLE_", "CUDNN_", "CUDA_", "NVIDIA_")) or name in ("LD_LIBRARY_PATH", "PYTORCH_CUDA_ALLOC_CONF")},
+        ),
+    }
+
+
+def report(found: dict) -> None:
+    """The report of ``facts()``, a label and a value per line."""
     print(f"torch_cudnn_handle {__version__} diagnostic report")
-    row("python", platform.python_version())
+    row("python", found["python"]["version"])
     row("torch", f"{torch.__version__} (built with CUDA {torch.version.cuda})")
     row("extension built with CUDA", tch.with_cuda)
     row("cuDNN frontend", f"{cudnn.__version__} (nvidia-cudnn-frontend)")
-    row("cuDNN backend (libcudnn)", libcudnn_status())
-    if tch.with_cuda and torch.cuda.is_available():
-        from cudnn import _env
-
-        row("CUDA driver / runtime", f"{_env.driver_version()} / {_env.runtime_version()}")
-        row("pool's libcudnn", tch._C.cudnn_library_path())
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    row("CUDA devices", count)
-    for ordinal in range(count):
-        info = cudnn.Handle(None, ordinal).device  # the frontend's DeviceInfo for the ordinal
+    backend = found["cudnn_backend"]
+    row("cuDNN backend (libcudnn)", backend["version"] if backend["loaded"] else f"not loaded: {backend['not_loaded_because']}")
+    if found["cuda"] is not None:
+        row("CUDA driver / runtime", f"{found['cuda']['driver']} / {found['cuda']['runtime']}")
+        row("pool's libcudnn", found["cuda"]["pool_libcudnn"])
+    row("CUDA devices", found["torch"]["device_count"])
+    for info in found["devices"]:
         row(
-            f"  cuda:{ordinal}",
-            f"{info.device_name}, sm_{info.sm_version}, {info.sm_count} SMs, {info.l2_cache_bytes >> 20} MiB L2, "
-            f"{info.shared_memory_per_block_optin >> 10} KiB smem/block",
+            f"  cuda:{info['ordinal']}",
+            f"{info['name']}, sm_{info['sm_version']}, {info['sm_count']} SMs, {info['l2_cache_bytes'] >> 20} MiB L2, "
+            f"{info['shared_memory_per_block_optin'] >> 10} KiB smem/block",
         )
-    row("handle pool", format_stats(tch.stats.pool()))
-    row("graph registry", format_stats(tch.stats.graphs()))
-    op = torch.ops.cudnn_fe.execute.default
-    row("torch.ops.cudnn_fe.execute", op._schema)
-    row("  tags", ", ".join(sorted(str(t).replace("Tag.", "") for t in op.tags)))
-    row("  traceable (fake, no GPU)", _traceable())
+    for line in summary_rows(found["stats"], found["settings"]):
+        row(*line)
+    row("torch.ops.cudnn_fe.execute", found["op"]["schema"])
+    row("  tags", ", ".join(found["op"]["tags"]))
+    row("  traceable (fake, no GPU)", found["op"]["traceable"])
 
 
-def libcudnn_status() -> str:
-    """The cuDNN backend's version, or one line saying why libcudnn is not loaded."""
+def _cuda_version(which: str) -> str:
+    """The CUDA driver's or runtime's version as "13.0", through cuda-python (cuda.bindings)."""
     try:
-        return cudnn.backend_version_string()
+        if which == "driver":
+            from cuda.bindings import driver
+
+            _, version = driver.cuDriverGetVersion()
+        else:
+            from cuda.bindings import runtime
+
+            _, version = runtime.cudaRuntimeGetVersion()
+        return f"{int(version) // 1000}.{int(version) % 1000 // 10}"
+    except Exception as error:  # noqa: BLE001 -- a report line, never a failure
+        return f"unknown ({type(error).__name__}: {error})"
+
+
+def _libcudnn() -> tuple:
+    """(the cuDNN backend's version, None), or (None, one line saying why libcudnn is not loaded)."""
+    try:
+        return cudnn.backend_version_string(), None
     except Exception as error:  # noqa: BLE001 -- no libcudnn on this machine is a finding, not a crash
-        return f"not loaded: {_why_libcudnn_not_loaded(error)}"
+        return None, _why_libcudnn_not_loaded(error)
 
 
 def _frontend_search_hits() -> list[str]:
@@ -126,9 +184,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_cudnn_handle", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--report-only", action="store_true", help="print the report and skip the demo")
     parser.add_argument("--verbose", action="store_true", help="without a GPU, also print the traced FX graph")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON document (every stats dict, "
+                        "the settings, versions and environment) for machines; the demo, unless --report-only, then runs "
+                        "with its output on stderr, and its exit status and the stats after it are in the document")
     parser.add_argument("--version", action="version", version=f"torch_cudnn_handle {__version__}")
     args = parser.parse_args(argv)
-    report()
+    if args.json:
+        return _json_main(args)
+    report(facts())
     if args.report_only:
         return 0
     from . import demo
@@ -136,5 +199,39 @@ def main(argv=None) -> int:
     return demo.main(verbose=args.verbose)
 
 
+def _json_main(args) -> int:
+    document = facts()
+    status = 0
+    if args.report_only:
+        document["demo"] = None
+    else:
+        from . import demo
+
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON document alone
+            status = demo.main(verbose=args.verbose)
+        document["demo"] = dict(exit_status=status, checks_passed=status == 0, stats_after=current_stats())
+    json.dump(document, sys.stdout, indent=1, default=str)
+    print()
+    return status
+
+
+def run(argv=None) -> int:
+    """``main``, ended quietly when the reader closes stdout early (``| head``): the
+    Python docs' recipe (signal module, "Note on SIGPIPE"), stdout pointed at devnull so
+    the interpreter's last flush cannot fail again; exit status 0, nothing went wrong here."""
+    try:
+        try:
+            status = main(argv)
+        except SystemExit:  # --help, --version, a usage error: their text may meet the closed pipe too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, inside the try
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

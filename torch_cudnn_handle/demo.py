@@ -14,7 +14,8 @@ produces; the demo prints which registered graph each ``torch.ops.cudnn_fe.execu
 node calls, how often, and that there was no graph break. With ``verbose`` it also
 prints the graph itself, where every matmul, norm and attention is such a node.
 
-Report and demo print label/value rows through ``row``, so their values share one column.
+Report and demo print label/value rows through ``row``, so their values share one column;
+after the GPU demo, summary.py's rows say in words what each subsystem did.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import re
 import statistics
 
 import torch
+
+from .summary import current_settings, current_stats, summary_rows
 
 # A small block: quick to trace on a CPU and to train on a GPU, big enough to time.
 DIM, HEADS, MLP_RATIO, BATCH, SEQ = 512, 8, 4, 8, 256
@@ -34,11 +37,6 @@ LABEL_WIDTH = 28  # the longest label, "torch.ops.cudnn_fe.execute", plus two sp
 def row(label: str, value) -> None:
     """One report line: the label padded to LABEL_WIDTH, then the value."""
     print(f"  {label:<{LABEL_WIDTH}}{value}")
-
-
-def format_stats(stats: dict) -> str:
-    """A stats dict (stats.pool(), stats.graphs()) as "key=value" pairs on one line."""
-    return " ".join(f"{key}={value}" for key, value in stats.items())
 
 
 def main(verbose: bool = False) -> int:
@@ -137,8 +135,6 @@ def _time(candidates, rounds: int = 3):
 
 
 def _train_and_time() -> int:
-    import torch_cudnn_handle as tch
-
     from .nn import TransformerBlock, reference_of
 
     dtype = torch.bfloat16
@@ -173,8 +169,8 @@ def _train_and_time() -> int:
     print(f"\nms per training step (forward + backward), batch {BATCH}x{SEQ}, median of 3 interleaved rounds of torch.utils.benchmark")
     for line in timing_rows(figures):
         row(*line)
-    row("handle pool", format_stats(tch.stats.pool()))
-    row("graph registry", format_stats(tch.stats.graphs()))
+    for line in summary_rows(current_stats(), current_settings(), active_only=True):
+        row(*line)
     return 0 if agree else 1
 
 

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/Device.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -25,28 +26,67 @@ int visible_device_count() {
 #endif
 }
 
+// For an argument that is not a device at all: what to pass instead.
 constexpr const char* kDeviceHint =
     "Pass a CUDA device: an int ordinal, 'cuda:N', torch.device('cuda', N), or a CUDA "
     "tensor's .device.";
 
+std::string python_str(const py::handle& object) { return py::str(object).cast<std::string>(); }
+
+// When this process sees no GPU at all, a well-formed device ("cuda:0", 0, None, "cuda")
+// is not the mistake: say what is (this torch has no CUDA, or no GPU is visible to it)
+// and the fix. Only on this error path, so the imports and the runtime query cost nothing
+// on a call's path. `subject` names what was asked for ("cannot use cuda:0").
+[[noreturn]] void throw_no_visible_device(const std::string& subject) {
+  const py::module_ torch = py::module_::import("torch");
+  const std::string version = python_str(torch.attr("__version__"));
+#ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
+  // A CUDA torch that sees no device: no GPU, no (or a too old) driver, a container
+  // started without its GPUs, or CUDA_VISIBLE_DEVICES hiding them. torch's count keeps
+  // no reason (a runtime error reads as 0 devices); ask the runtime for it.
+  int runtime_count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&runtime_count);
+  (void)cudaGetLastError();  // leave no error behind for torch's next CUDA call
+  const std::string runtime_says =
+      status == cudaSuccess ? std::string("the CUDA runtime counts ") + std::to_string(runtime_count) + " device(s)"
+                            : std::string("the CUDA runtime says: ") + cudaGetErrorString(status);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string visible_fix =
+      visible == nullptr ? std::string()
+                         : std::string(" CUDA_VISIBLE_DEVICES is '") + visible +
+                               "' in this process: it can hide every GPU, so unset it or name a GPU nvidia-smi lists.";
+  TORCH_CHECK(false, "torch_cudnn_handle: ", subject, ": no CUDA GPU is visible to this process (torch ", version,
+              " has CUDA ", python_str(torch.attr("version").attr("cuda")),
+              ", but torch.cuda.is_available() is False; ", runtime_says,
+              "). Run on a machine whose NVIDIA GPU and driver work (nvidia-smi lists the GPU); in a container, "
+              "start it with the GPUs passed in (e.g. docker run --gpus all).",
+              visible_fix);
+#else
+  TORCH_CHECK(false, "torch_cudnn_handle: ", subject, ": this torch (", version,
+              ") is a CPU-only build without CUDA (torch.version.cuda is None), so no GPU can be used, and "
+              "torch_cudnn_handle was compiled against it without its cuDNN handle pool. Install a CUDA build of "
+              "torch (https://pytorch.org/get-started/locally/) on a machine with an NVIDIA GPU, then rebuild this "
+              "package against it: pip install --no-build-isolation -e .");
+#endif
+}
+
 int check_ordinal(int64_t ordinal) {
+  TORCH_CHECK_VALUE(ordinal >= 0, "torch_cudnn_handle: cuda:", ordinal,
+                    " does not exist: CUDA device ordinals start at 0. ", kDeviceHint);
   const int count = visible_device_count();
-  TORCH_CHECK_VALUE(ordinal >= 0 && ordinal < count, "torch_cudnn_handle: cuda:", ordinal,
-                    " does not exist: this process sees ", count, " CUDA device(s)",
-                    count ? " (ordinals 0.." + std::to_string(count - 1) + ")" : std::string(), ". ", kDeviceHint);
+  if (count == 0) throw_no_visible_device("cannot use cuda:" + std::to_string(ordinal));
+  TORCH_CHECK_VALUE(ordinal < count, "torch_cudnn_handle: cuda:", ordinal,
+                    " does not exist: this process sees ", count, " CUDA device(s) (ordinals 0..",
+                    count - 1, "). ", kDeviceHint);
   return static_cast<int>(ordinal);
 }
 
 int current_ordinal() {
+  if (visible_device_count() == 0) throw_no_visible_device("there is no current CUDA device to take a cuDNN handle for");
 #ifdef TORCH_CUDNN_HANDLE_WITH_CUDA
-  TORCH_CHECK(visible_device_count() > 0,
-              "torch_cudnn_handle: no CUDA device is visible to this process, so there is no "
-              "current device to take a cuDNN handle for.");
   return c10::cuda::current_device();
 #else
-  TORCH_CHECK(false,
-              "torch_cudnn_handle: this build of the extension has no CUDA support (torch was a "
-              "CPU build when it was compiled), so there is no current CUDA device.");
+  return -1;  // not reached: a build without CUDA sees no device
 #endif
 }
 

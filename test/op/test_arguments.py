@@ -1,7 +1,10 @@
 """Argument validation that needs no GPU: devices, graph ids, arities, CPU tensors, and
 every wrong argument a call can get, refused where a trace (meta or fake tensors) sees it."""
 
+import os
 import re
+import subprocess
+import sys
 
 import cudnn
 import pytest
@@ -19,9 +22,11 @@ from support.graphs import LINEAR_RELU
         (torch.device("cpu"), ValueError, "got 'cpu'"),
         ("meta", ValueError, "got 'meta'"),
         ("not-a-device", ValueError, "'not-a-device' is not a device string"),
-        (1_000_000, ValueError, "cuda:1000000 does not exist"),
-        ("cuda:999", ValueError, "cuda:999 does not exist"),
-        (-1, ValueError, "cuda:-1 does not exist"),
+        ("cuda:x", ValueError, "'cuda:x' is not a device string"),
+        # Out of range only where GPUs are seen; with none, the no-GPU test below has them.
+        pytest.param(1_000_000, ValueError, "cuda:1000000 does not exist", marks=pytest.mark.gpu),
+        pytest.param("cuda:999", ValueError, "cuda:999 does not exist", marks=pytest.mark.gpu),
+        (-1, ValueError, "cuda:-1 does not exist: CUDA device ordinals start at 0"),
         (1.5, TypeError, "expected a device, got float"),
         (True, TypeError, "a bool is not a device"),
     ],
@@ -35,6 +40,59 @@ def test_bad_devices_are_rejected_clearly(device, error, words):
     with pytest.raises(error, match=words):
         with tch.build_scope(device):
             pass
+
+
+def _no_gpu_calls(device):
+    def in_build_scope():
+        with tch.build_scope(device):
+            pass
+
+    return {"current_handle": lambda: tch.current_handle(device), "bind_context": lambda: tch.bind_context(device),
+            "build_scope": in_build_scope}
+
+
+NO_CURRENT = "there is no current CUDA device to take a cuDNN handle for"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this process sees a GPU")
+@pytest.mark.parametrize("device, subject", [
+    ("cuda:0", "cannot use cuda:0"), (0, "cannot use cuda:0"), (torch.device("cuda", 0), "cannot use cuda:0"),
+    (1_000_000, "cannot use cuda:1000000"), ("cuda:999", "cannot use cuda:999"),
+    (None, NO_CURRENT), ("cuda", NO_CURRENT),
+])
+def test_a_good_device_without_a_gpu_names_the_cause_and_the_fix(device, subject):
+    """With no GPU visible, a well-formed device is not the mistake: the message says what
+    is (this torch has no CUDA, or it sees no GPU) and the fix, not "pass a CUDA device"."""
+    for name, call in _no_gpu_calls(device).items():
+        with pytest.raises(RuntimeError) as raised:
+            call()
+        message = str(raised.value).splitlines()[0]
+        assert message.startswith(f"torch_cudnn_handle: {subject}: "), (name, message)
+        assert "Pass a CUDA device" not in message, (name, message)
+        if torch.version.cuda is None:  # a CPU-only torch, as in CI
+            assert f"this torch ({torch.__version__}) is a CPU-only build without CUDA" in message, (name, message)
+            assert "Install a CUDA build of torch" in message and "pip install --no-build-isolation -e ." in message, (name, message)
+        else:  # a CUDA torch that sees no GPU
+            assert f"no CUDA GPU is visible to this process (torch {torch.__version__} has CUDA {torch.version.cuda}" in message
+            assert "nvidia-smi" in message, (name, message)
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="needs a CUDA torch (a GPU is optional: CUDA_VISIBLE_DEVICES hides it)")
+def test_a_cuda_torch_that_sees_no_gpu_names_the_cause_and_the_fix():
+    """A CUDA torch with every GPU hidden (CUDA_VISIBLE_DEVICES=''), in a fresh process:
+    the message says no GPU is visible, why the runtime thinks so, and what to check."""
+    code = (
+        "import torch_cudnn_handle as tch\n"
+        "try:\n    tch.current_handle('cuda:0')\nexcept RuntimeError as error:\n    print(str(error).splitlines()[0])\n"
+    )
+    environment = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout.strip()
+    assert message.startswith("torch_cudnn_handle: cannot use cuda:0: no CUDA GPU is visible to this process"), message
+    assert "the CUDA runtime" in message and "nvidia-smi" in message, message
+    assert "CUDA_VISIBLE_DEVICES is '' in this process: it can hide every GPU" in message, message
+    assert "Pass a CUDA device" not in message, message
 
 
 def test_cpu_inputs_are_refused_with_the_fix():
