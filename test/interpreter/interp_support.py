@@ -49,9 +49,9 @@ def run_registered(graph_id: int, inputs: Sequence[torch.Tensor], **options):
 
 # Half a unit in the last place of each dtype, a few times over: what one rounding of a
 # value computed exactly (in float32 or better) may leave, plus slack for the reference's
-# own float32 arithmetic.
+# own float32 arithmetic (float32: the rounding of a sum of a few hundred terms).
 _EPS = {
-    torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7,
+    torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7,
     torch.float8_e4m3fn: 2 ** -3, torch.float8_e5m2: 2 ** -2,
 }
 
