@@ -28,8 +28,8 @@ def slice_(node, ctx) -> Dict[str, torch.Tensor]:
     check_params(node, ("slices",))
     x = ctx.value(port(node, "input"), node)
     slices = tuple(node.params.get("slices") or ())
-    if not all(isinstance(s, slice) for s in slices):
-        raise refuse(node, "slices", slices, "Python slices per dim")
+    if not all(isinstance(s, slice) and (s.step is None or s.step > 0) for s in slices):
+        raise refuse(node, "slices", slices, "Python slices of positive steps, one per dim")
     return {"OUT_0": x[slices]}
 
 
