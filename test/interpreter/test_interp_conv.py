@@ -6,9 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn import grad as conv_grad
 
-from interp_support import assert_close, randn, run, same_layout, describe
+from interp_support import assert_close, describe, randn, run, same_layout
 
 CL = torch.channels_last
+
+
+def _true_convolution():
+    """convolution_mode.CONVOLUTION: cudnn 1.32 does not export the enum (conv_fprop takes it), so
+    it is read from the binding module, here only."""
+    return cudnn._pybind_module.convolution_mode.CONVOLUTION
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -41,7 +47,7 @@ def test_grouped_and_true_convolution():
     grouped, flipped = run(
         lambda g, x, w: [g.conv_fprop(x, w, padding=[1, 1], stride=[1, 1], dilation=[1, 1]),
                          g.conv_fprop(x, w, padding=[1, 1], stride=[1, 1], dilation=[1, 1],
-                                      convolution_mode=cudnn._pybind_module.convolution_mode.CONVOLUTION)], [x, w])
+                                      convolution_mode=_true_convolution())], [x, w])
     assert_close(grouped, F.conv2d(x.double(), w.double(), padding=1, groups=2).float())
     assert_close(flipped, F.conv2d(x.double(), w.double().flip([2, 3]), padding=1, groups=2).float())
 

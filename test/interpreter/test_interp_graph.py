@@ -140,7 +140,7 @@ def test_structural_nodes():
             g.transpose(x, permutation=[0, 2, 1, 3]),
             g.slice(x, slices=[slice(None), slice(1, 3), slice(0, 4, 2), slice(None)]),
             g.concatenate(inputs=[x, other], axis=1).set_dim([2, 5, 4, 5]),  # the frontend infers no concat dims
-            g.reshape(x, reshape_mode=cudnn._pybind_module.reshape_mode.LOGICAL, out_dims=[2, 12, 5]),
+            g.reshape(x, reshape_mode=cudnn.reshape_mode.LOGICAL, out_dims=[2, 12, 5]),
             g.reshape(x, out_dims=[6, 4, 5]),  # VIEW_ONLY: the same row-major memory, other dims
         ]
 

@@ -15,7 +15,7 @@ the enum spelling it compares against (an enum's ``name``).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 import torch
 
@@ -124,7 +124,3 @@ def strides(tensor) -> List[int]:
     if not tensor.stride:
         raise ValueError(f"interpreter: tensor {tensor.name!r} has no strides; validate() the description first")
     return [int(s) for s in tensor.stride]
-
-
-def ragged_offset(tensor) -> Optional[Any]:
-    return tensor.ragged_offset

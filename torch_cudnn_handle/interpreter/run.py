@@ -69,13 +69,11 @@ def _device_of(tensors: Mapping[int, torch.Tensor], described: Mapping[int, obje
 
 def _load_inputs(graph, tensors: Mapping[int, torch.Tensor], ctx: Context) -> None:
     described = all_tensors(graph)
-    produced = produced_uids(graph)
     for uid in tensors:
         if uid not in described:
             raise ValueError(f"interpreter: uid {uid} names no tensor of the description")
-    inputs = [t for t in graph_inputs(graph) if t.uid not in produced]
     # Ragged offsets first: a ragged tensor is read through them.
-    for desc in sorted(inputs, key=lambda t: t.ragged_offset is not None):
+    for desc in sorted(graph_inputs(graph), key=lambda t: t.ragged_offset is not None):
         data = tensors.get(desc.uid)
         if desc.is_pass_by_value:
             ctx.values[desc.uid] = pass_by_value(desc, data, ctx.compute_dtype, ctx.device)
