@@ -52,6 +52,7 @@ CASES = {
     "full": (dict(), S, S, None),
     "causal": (dict(diagonal_band_right_bound=0), S, S, lambda r, c: c <= r),
     "deprecated_causal": (dict(use_causal_mask=True), S, S, lambda r, c: c <= r),
+    "deprecated_window": (dict(use_causal_mask=True, sliding_window_length=5), S, S, lambda r, c: (c <= r) & (c > r - 5)),
     "bottom_right_causal": (dict(diagonal_alignment=BR, diagonal_band_right_bound=0), 16, 24, lambda r, c: c <= r + 8),
     "sliding_window": (dict(diagonal_band_left_bound=5, diagonal_band_right_bound=0), S, S, lambda r, c: (c <= r) & (c > r - 5)),
     "right_band": (dict(diagonal_band_right_bound=3), S, S, lambda r, c: c <= r + 3),
@@ -161,7 +162,9 @@ def test_dropout_from_cudnns_philox_stream_is_refused():
 
 @pytest.mark.parametrize("kwargs, attribute", [
     (dict(use_alibi_mask=True, diagonal_band_right_bound=0), "use_alibi_mask"),
-    (dict(use_causal_mask=True, diagonal_band_left_bound=4), "use_causal_mask"),
+    (dict(use_causal_mask=True, diagonal_band_right_bound=4), "use_causal_mask"),
+    (dict(use_causal_mask=True, use_causal_mask_bottom_right=True), "use_causal_mask"),
+    (dict(sliding_window_length=3, diagonal_band_left_bound=4, diagonal_band_right_bound=0), "sliding_window_length"),
     (dict(softmax_precision=cudnn.data_type.HALF), "softmax_precision"),
 ])
 def test_what_has_no_exact_semantics_here_is_refused_by_name(kwargs, attribute):

@@ -4,7 +4,8 @@ Supported: ``attn_scale`` (a float or a tensor; unset is 1), ``bias`` (and ``dBi
 the backward), the padding mask (``use_padding_mask`` with ``seq_len_q``/``seq_len_kv``),
 the diagonal band (``diagonal_alignment``, ``diagonal_band_left_bound`` /
 ``right_bound``, and the deprecated ``use_causal_mask``, ``use_causal_mask_bottom_right``,
-``sliding_window_length`` on their own), grouped-query heads, ragged Q/K/V/O/Stats (read
+``sliding_window_length``, folded in as the frontend's setters fold them, refused where that
+depends on the setters' order), grouped-query heads, ragged Q/K/V/O/Stats (read
 and written through their offsets: values.py), ``generate_stats`` / ``is_inference``,
 ``stats_use_log2``, and dropout given as a mask (``dropout=(mask, scale)``). Hints that
 change no value (``implementation``, ``unfuse_fma``, ``max_total_seq_len_*``,
@@ -71,22 +72,32 @@ def _dropout(node, ctx) -> Optional[attention.Dropout]:
     return attention.Dropout(ctx.value(node.inputs["dropout_0"], node), scale)
 
 
+def _deprecated_band(node, alignment, left, right):
+    """Fold the deprecated masking kwargs into (alignment, left, right), as the frontend's setters
+    do (a causal flag: right bound 0 and its alignment; sliding_window_length: the left bound).
+    Refused where the result would depend on the order the setters run in."""
+    params = node.params
+    causal = [name for name in ("use_causal_mask", "use_causal_mask_bottom_right") if params.get(name)]
+    if causal:
+        wanted = "BOTTOM_RIGHT" if causal[0] == "use_causal_mask_bottom_right" else "TOP_LEFT"
+        explicit = enum_name(params.get("diagonal_alignment"))
+        if len(causal) > 1 or right not in (None, 0) or explicit not in (None, wanted):
+            raise refuse(node, causal[0], True, "a causal flag with another alignment or right bound (order-dependent in the frontend)")
+        alignment, right = wanted, 0
+    window = params.get("sliding_window_length")
+    if window:
+        if left not in (None, int(window)):
+            raise refuse(node, "sliding_window_length", window, "together with another diagonal_band_left_bound")
+        left = int(window)
+    return alignment, left, right
+
+
 def _masking(node, ctx, batch: int) -> attention.Masking:
     params = node.params
     alignment = enum_name(params.get("diagonal_alignment")) or "TOP_LEFT"
     if alignment not in ("TOP_LEFT", "BOTTOM_RIGHT"):
         raise refuse(node, "diagonal_alignment", alignment)
-    left, right = params.get("diagonal_band_left_bound"), params.get("diagonal_band_right_bound")
-    deprecated = [name for name in ("use_causal_mask", "use_causal_mask_bottom_right", "sliding_window_length") if params.get(name)]
-    if deprecated and (left is not None or right is not None or params.get("diagonal_alignment") is not None or len(deprecated) > 1):
-        raise refuse(node, deprecated[0], params[deprecated[0]],
-                     "the deprecated masking kwargs combined with others (the frontend calls that undetermined)")
-    if params.get("use_causal_mask"):
-        right = 0
-    if params.get("use_causal_mask_bottom_right"):
-        right, alignment = 0, "BOTTOM_RIGHT"
-    if params.get("sliding_window_length"):
-        left = int(params["sliding_window_length"])
+    alignment, left, right = _deprecated_band(node, alignment, params.get("diagonal_band_left_bound"), params.get("diagonal_band_right_bound"))
     lengths = {}
     padded = bool(params.get("use_padding_mask"))
     for name in ("seq_len_q", "seq_len_kv"):
