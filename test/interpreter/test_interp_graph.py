@@ -132,6 +132,13 @@ def test_it_runs_under_inference_mode():
     assert_close(dx, expected.float())
 
 
+def test_outputs_carry_no_autograd_history():
+    x = randn(2, 4, 8).requires_grad_()
+    (y,) = run(lambda g, x: g.tanh(x), [x])
+    assert not y.requires_grad and y.grad_fn is None
+    assert torch.equal(y, torch.tanh(x.detach()))
+
+
 def test_structural_nodes():
     x, other = randn(2, 3, 4, 5, seed=4), randn(2, 2, 4, 5, seed=5)
 

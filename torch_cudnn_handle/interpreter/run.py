@@ -98,6 +98,7 @@ def _store(node, port: str, out, value: torch.Tensor, ctx: Context, round_virtua
     ctx.values[out.uid] = value
 
 
+@torch.no_grad()  # a reference, not a differentiable op: outputs never carry the inputs' autograd history
 def interpret(
     graph, tensors: Mapping[int, torch.Tensor], *, compute_dtype: torch.dtype = torch.float32, round_virtual: bool = False
 ) -> Dict[int, torch.Tensor]:

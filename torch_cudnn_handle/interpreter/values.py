@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .description import dims, strides, torch_dtype
+from .description import Refused, dims, strides, torch_dtype
 
 _FP8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
 
@@ -94,7 +94,7 @@ def _token_layout(desc) -> List[int]:
     """A ragged tensor's strides, checked to be token-major 4-D ([B, H, S, D], S slowest of H, S, D)."""
     shape, stride = dims(desc), strides(desc)
     if len(shape) != 4 or stride[2] < max(stride[1], stride[3]):
-        raise NotImplementedError(
+        raise Refused(
             f"interpreter: ragged tensor {desc.name!r} is {shape} stride {stride}; only token-major [B, H, S, D] ragged "
             "layouts (the sequence dim the slowest of H, S, D) are supported"
         )
