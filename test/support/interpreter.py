@@ -1,0 +1,90 @@
+"""Helpers of the interpreter's tests: describe a builder the way the registry does and run
+the description through the interpreter; dtype-derived tolerances.
+
+``describe`` is registry/describe.py's ``describe`` on an ad-hoc definition, so a
+one-element CPU tensor is a pass-by-value operand and every other CPU tensor an ordinary
+(device) operand, exactly as the op describes a call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from torch_cudnn_handle.interpreter import interpret_ordered
+from torch_cudnn_handle import registry
+from torch_cudnn_handle.registry import TensorSpec
+from torch_cudnn_handle.registry.data_types import GraphDataTypes
+from torch_cudnn_handle.registry.definition import Definition
+from torch_cudnn_handle.registry.describe import describe as describe_definition
+
+
+def definition(builder, *, io=None, intermediate=None, compute=None, **params) -> Definition:
+    return Definition(
+        graph_id=-1, name=getattr(builder, "__name__", "graph"), builder=builder, params=params, num_inputs=None,
+        data_types=GraphDataTypes.chosen(io=io, intermediate=intermediate, compute=compute),
+    )
+
+
+def describe(builder, inputs: Sequence[torch.Tensor], **options):
+    """(graph, input tensors, output tensors, layout) of ``builder`` for ``inputs``."""
+    return describe_definition(definition(builder, **options), [TensorSpec.of(t) for t in inputs])
+
+
+def describe_registered(graph_id: int, inputs: Sequence[torch.Tensor]):
+    """A registered graph's description for a call with ``inputs`` (its views, its ragged operands)."""
+    found = registry.definition(graph_id)
+    return describe_definition(found, found.call_specs([TensorSpec.of(t) for t in inputs]))
+
+
+def run(builder, inputs: Sequence[torch.Tensor], *, compute_dtype=torch.float32, round_virtual=False, **options):
+    """The interpreter's outputs of ``builder`` on ``inputs``, in the builder's order."""
+    graph, ins, outs, _ = describe(builder, inputs, **options)
+    return interpret_ordered(graph, ins, outs, inputs, compute_dtype=compute_dtype, round_virtual=round_virtual)
+
+
+def run_registered(graph_id: int, inputs: Sequence[torch.Tensor], **options):
+    graph, ins, outs, layout = describe_registered(graph_id, inputs)
+    return interpret_ordered(graph, ins, outs, inputs, **options), layout
+
+
+# Half a unit in the last place of each dtype, a few times over: what one rounding of a
+# value computed exactly (in float32 or better) may leave, plus slack for the reference's
+# own float32 arithmetic (float32: the rounding of a sum of a few hundred terms).
+_EPS = {
+    torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7,
+    torch.float8_e4m3fn: 2 ** -3, torch.float8_e5m2: 2 ** -2,
+}
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0) -> Tuple[float, float]:
+    """(atol, rtol) for a result stored as ``dtype`` (integers and bool: exact)."""
+    if not dtype.is_floating_point:
+        return 0.0, 0.0
+    eps = _EPS[dtype] * scale
+    return eps, eps
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> None:
+    dtype = dtype or got.dtype
+    atol, rtol = tolerance(dtype, scale)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    if not dtype.is_floating_point:
+        assert torch.equal(got.to(expected.dtype), expected), (got, expected)
+        return
+    torch.testing.assert_close(got.double(), expected.double(), atol=atol, rtol=rtol)
+
+
+def randn(*shape, dtype=torch.float32, seed=0, scale=1.0, shift=0.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=generator) * scale + shift).to(dtype)
+
+
+def same_layout(got: torch.Tensor, desc) -> bool:
+    """``got`` has the dims, strides (ignoring unit dims) and dtype ``desc`` declares."""
+    from torch_cudnn_handle.registry.specs import torch_dtype_of
+
+    if list(got.shape) != list(desc.dim) or got.dtype != torch_dtype_of(desc.data_type):
+        return False
+    return all(n == 1 or s == d for n, s, d in zip(got.shape, got.stride(), desc.stride))
