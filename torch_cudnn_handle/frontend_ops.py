@@ -61,10 +61,10 @@ WRITTEN_FOR = "1.32"  # the nvidia-cudnn-frontend release series whose seams are
 
 
 def _pooled(device, stream=None):
-    """This thread's pooled handle, with the device's context left current: the op runs
-    its graphs right after, through the frontend's execute, which (like the frontend's own
-    ``ensure_current_context``) launches in whatever context is current. The frontend's
-    ops keep the frontend's rule; this library's own entry points restore the caller's."""
+    """This thread's pooled handle, the device's context left current: the op launches
+    right after through the frontend's execute, in whatever context is current (the
+    frontend's rule; the library's own entry points restore the caller's: Note [The
+    context rule] in csrc/context/context_guard.h)."""
     handle = current_handle(device, stream)
     bind_context(handle.device.ordinal, handle.stream)
     return handle

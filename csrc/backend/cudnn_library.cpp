@@ -86,7 +86,7 @@ CudnnLibrary load() {
 }  // namespace
 
 const CudnnLibrary& cudnn_library() {
-  // Leaky (never destroyed: threads may call into cuDNN during process exit); a throw
+  // Leaked on purpose (Note [Leaked on purpose], pool/device_thread_handle_pool.h); a throw
   // here is retried on the next call.
   static const CudnnLibrary* lib = new CudnnLibrary(load());
   return *lib;

@@ -1,5 +1,6 @@
 // The right CUDA context for cuDNN's launches, and the caller's context put back after.
 //
+// Note [The context rule]
 // A driver-level launch reads the calling thread's context stack, and threads torch
 // runs work on may have none (an autograd backward worker starts with
 // cuCtxGetCurrent() == nullptr) or another GPU's. Which context is right:

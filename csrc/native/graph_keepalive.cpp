@@ -8,8 +8,8 @@
 namespace torch_cudnn_handle::native {
 namespace {
 
-// Leaky, like every process-wide state the op reaches: CUDA may release a graph's
-// user objects during process exit.
+// Leaked on purpose (Note [Leaked on purpose], pool/device_thread_handle_pool.h): CUDA
+// may release a graph's user objects during process exit.
 std::mutex& dropped_mutex() {
   static auto* mutex = new std::mutex();
   return *mutex;

@@ -13,7 +13,7 @@
 // registry's LRU drops them; a call that is executing a plan holds a reference, and a
 // CUDA graph that captured a call holds one until the graph is destroyed
 // (graph_keepalive.h). The backend descriptor dies with the last reference. The table
-// itself is never destroyed (process exit must not call into cuDNN).
+// itself is leaked on purpose (Note [Leaked on purpose], pool/device_thread_handle_pool.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -11,7 +11,7 @@
 namespace torch_cudnn_handle::native {
 
 NativePlanTable& NativePlanTable::instance() {
-  static auto* table = new NativePlanTable();  // never destroyed: see the header
+  static auto* table = new NativePlanTable();  // leaked on purpose (Note [Leaked on purpose])
   return *table;
 }
 

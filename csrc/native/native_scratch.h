@@ -46,7 +46,7 @@ class NativeScratch {
   PlanGraphs& graphs() { return graphs_; }
 
   // This handle's own stream on `device` for capturing a call into a graph, made on
-  // first use and never destroyed (like the handle); null if CUDA refused one.
+  // first use and leaked on purpose, like the handle (Note [Leaked on purpose]); null if CUDA refused one.
   cudaStream_t capture_stream(int device);
 
  private:

@@ -6,7 +6,8 @@
 // graph; its second, which hands the plan to the native path; plans the frontend must
 // drive per call; misaligned views) goes to the Python registry path. Either way the
 // call runs on this thread's pooled handle in the right context, and leaves the
-// caller's context (so its current device) as it found it.
+// caller's context (so its current device) as it found it (Note [The context rule],
+// context/context_guard.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>

@@ -19,7 +19,7 @@ struct Table {
 };
 
 Table& table() {
-  static auto* instance = new Table();  // never destroyed: autograd threads may read it until exit
+  static auto* instance = new Table();  // leaked on purpose (Note [Leaked on purpose])
   return *instance;
 }
 

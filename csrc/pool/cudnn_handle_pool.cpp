@@ -26,9 +26,7 @@ PooledCudnnHandle* create_pooled_handle(int device) {
 using CreateFn = PooledCudnnHandle* (*)(int);
 using CudnnPool = DeviceThreadHandlePool<PooledCudnnHandle*, CreateFn>;
 
-// Leaky: never destroyed, as ATen's pools are. Threads still running during process
-// exit (daemon threads, autograd's workers) may reach it, and handle destruction
-// then would race the CUDA context's own teardown.
+// Leaked on purpose, as ATen's pools are (Note [Leaked on purpose], device_thread_handle_pool.h).
 const std::shared_ptr<CudnnPool>& pool() {
   static const auto* instance = new std::shared_ptr<CudnnPool>(new CudnnPool(&create_pooled_handle));
   return *instance;

@@ -11,17 +11,25 @@
 //     (see fork_guard.h): the child's copy of the window names handles whose CUDA
 //     context did not survive the fork.
 //
+// Note [Leaked on purpose]
+// Every process-wide object the op reaches from C++ -- the handle pool and its handles,
+// the loaded cuDNN library, the graph records, the native plan table, the handles'
+// scratch and capture streams, the CUDA graphs kept alive past an eviction -- is created
+// on first use and never destroyed. Threads still running while the process exits
+// (daemon threads, autograd's workers) may reach any of them, and destroying cuDNN or
+// CUDA objects during teardown races the CUDA context's own teardown (pytorch #907,
+// #17658, #60987): torch's own handle pools leak theirs for the same reason. The OS frees
+// it all with the process. Elsewhere: "leaked on purpose (Note [Leaked on purpose])".
+//
 // Ownership and lifetime:
-//   * The pool owns every handle it created (`created_`), for the life of the process.
-//     Handles are never destroyed: destroying them during process teardown races the
-//     CUDA context's own teardown (pytorch #907, #17658, #60987), so, like torch's
-//     pools, this one leaks them on purpose.
+//   * The pool owns every handle it created (`created_`), for the life of the process,
+//     and never destroys one (Note [Leaked on purpose]).
 //   * A thread borrows at most one handle per device, through its thread_local
 //     PoolWindow, from its first request until the thread exits; the window's
 //     destructor (run by the C++ runtime at thread exit) returns the handles to
 //     `available_`, where the next thread that needs one picks it up.
-//   * The pool itself is a leaky singleton (a shared_ptr whose deleter does nothing):
-//     threads still running during process exit may reach it. A window holds only a
+//   * The pool itself is leaked on purpose (a shared_ptr whose deleter does nothing;
+//     Note [Leaked on purpose]). A window holds only a
 //     weak_ptr, as ATen's do, so a pool that is ever destroyed is never touched after.
 //   * No cap on the number of handles: a cap can deadlock threads that wait on each
 //     other while holding one. The total per device is the peak number of threads
