@@ -174,8 +174,12 @@ def set(name: str, value: Any) -> Any:  # noqa: A001 -- settings.set(name, value
 
 
 def reset(name: Optional[str] = None) -> None:
-    """Forget what set() gave ``name`` (every setting when None): back to the environment and defaults."""
+    """Forget what set() gave ``name`` (every setting when None, and the warnings given once
+    are armed again): back to the environment and defaults."""
     names = [name] if name is not None else list(_BY_NAME)
+    if name is None:
+        with _lock:
+            _warned.clear()
     for each in names:
         _setting(each)
         with _lock:

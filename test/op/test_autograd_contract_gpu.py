@@ -133,9 +133,10 @@ def test_no_path_creates_a_frontend_handle_outside_the_pool(monkeypatch):
     compiling = threading.Lock()
 
     def work(i):
-        gid = tch.register_graph(lambda g, x: g.relu(x), name=f"fresh_relu_{i}",
-                                 backward=lambda g, dy, x: [g.relu_backward(dy, x)],
-                                 backward_operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)])
+        gid = tch.register_graph(
+            lambda g, x: g.relu(x), name=f"fresh_relu_{i}",
+            backward=tch.Backward.graph(lambda g, dy, x: [g.relu_backward(dy, x)], operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]),
+        )
         x = torch.randn(4, 32, 16 + 8 * i, device="cuda", dtype=torch.float16, requires_grad=True)
         (y,) = tch.execute(gid, [x])
         y.float().sum().backward()

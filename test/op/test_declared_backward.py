@@ -25,29 +25,32 @@ def uses_all(graph, dy0, dy1, x, y1):
 
 
 DECLARED = tch.register_graph(
-    two_outputs,
-    name="two_outputs",
-    backward=uses_all,
-    backward_operands=[BackwardOperand.grad(0), BackwardOperand.grad(1, strides_of_output=1), BackwardOperand.input(0), BackwardOperand.output(1)],
+    two_outputs, name="two_outputs",
+    backward=tch.Backward.graph(uses_all, operands=[BackwardOperand.grad(0), BackwardOperand.grad(1, strides_of_output=1), BackwardOperand.input(0), BackwardOperand.output(1)]),
 )
 
 
 def test_registration_refuses_what_is_not_a_declaration():
     with pytest.raises(TypeError, match="sequence of BackwardOperand"):
-        tch.register_graph(relu, backward=relu_grad, backward_operands=[BackwardOperand.grad(0), 1])
+        tch.register_graph(relu, backward=tch.Backward.graph(relu_grad, operands=[BackwardOperand.grad(0), 1]))
     with pytest.raises(TypeError, match="sequence of BackwardOperand"):
-        tch.register_graph(relu, backward=relu_grad, backward_operands=[])
+        tch.register_graph(relu, backward=tch.Backward.graph(relu_grad, operands=[]))
 
 
 def test_registration_checks_indices_and_count_against_the_builders():
     with pytest.raises(ValueError, match=r"BackwardOperand.input\(1\), but the builder takes 1 inputs"):
-        tch.register_graph(relu, backward=relu_grad, backward_operands=[BackwardOperand.grad(0), BackwardOperand.input(1)])
+        tch.register_graph(
+            relu, backward=tch.Backward.graph(relu_grad, operands=[BackwardOperand.grad(0), BackwardOperand.input(1)]),
+        )
     with pytest.raises(ValueError, match="declares 3 operands, but the backward builder takes 2"):
         tch.register_graph(
-            relu, backward=relu_grad, backward_operands=[BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.output(0)]
+            relu,
+            backward=tch.Backward.graph(relu_grad, operands=[BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.output(0)]),
         )
     with pytest.raises(ValueError, match="negative index"):
-        tch.register_graph(relu, backward=relu_grad, backward_operands=[BackwardOperand.grad(-1), BackwardOperand.input(0)])
+        tch.register_graph(
+            relu, backward=tch.Backward.graph(relu_grad, operands=[BackwardOperand.grad(-1), BackwardOperand.input(0)]),
+        )
     with pytest.raises(TypeError, match="needs a backward builder"):
         tch.register_graph(relu, backward_operands=[BackwardOperand.grad(0)])
 
@@ -72,8 +75,8 @@ def test_the_node_zero_fills_a_missing_gradient_densifies_and_restrides():
 
 def test_an_operand_the_call_does_not_have_is_named():
     bad = tch.register_graph(
-        two_outputs, name="names_output_5", backward=lambda g, dy, y: [g.relu_backward(dy, y)],
-        backward_operands=[BackwardOperand.grad(0), BackwardOperand.output(5)],
+        two_outputs, name="names_output_5",
+        backward=tch.Backward.graph(lambda g, dy, y: [g.relu_backward(dy, y)], operands=[BackwardOperand.grad(0), BackwardOperand.output(5)]),
     )
     x = torch.empty(2, 3, 4, device="meta", requires_grad=True)
     y0, _ = tch.execute(bad, [x])
@@ -96,7 +99,10 @@ def test_a_backward_function_gets_zeros_or_none_for_an_unused_output(materialize
         seen.append([None if g is None else (g.shape, bool(g.device.type == "meta")) for g in grads])
         return [torch.empty_like(inputs[0])]
 
-    gid = tch.register_graph(two_outputs, name=f"two_outputs_fn_{materialize}", backward_fn=backward_fn, materialize_grads=materialize)
+    gid = tch.register_graph(
+        two_outputs, name=f"two_outputs_fn_{materialize}",
+        backward=tch.Backward.function(backward_fn, materialize_grads=materialize),
+    )
     x = torch.empty(2, 8, 8, device="meta", requires_grad=True)
     a, _b = tch.execute(gid, [x])
     a.backward(torch.empty_like(a))

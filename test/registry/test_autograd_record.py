@@ -78,8 +78,10 @@ def test_differentiable_outputs_follow_the_declaration():
         assert grads[1] is None and outputs == [None, None]  # reads nothing, output 1 not differentiable
         return [grads[0]]
 
-    gid = tch.register_graph(two_outputs, name="first_only", backward_fn=backward_fn, backward_reads=[],
-                             differentiable_outputs=[0], materialize_grads=False)
+    gid = tch.register_graph(
+        two_outputs, name="first_only",
+        backward=tch.Backward.function(backward_fn, reads=[], materialize_grads=False, differentiable_outputs=[0]),
+    )
     x = torch.empty(1, 2, 8, device="meta", requires_grad=True)
     a, b = tch.execute(gid, [x])
     assert a.requires_grad and not b.requires_grad
@@ -90,13 +92,18 @@ def test_differentiable_outputs_follow_the_declaration():
 def test_registration_refuses_a_differentiable_output_whose_gradient_would_be_dropped():
     with pytest.raises(ValueError, match=r"differentiable_outputs names output\(s\) \[1\], but backward_operands takes no gradient"):
         tch.register_graph(
-            two_outputs, name="drops", backward=lambda g, dy, x: [g.relu_backward(dy, x)],
-            backward_operands=[Op.grad(0), Op.input(0)], differentiable_outputs=[0, 1],
+            two_outputs, name="drops",
+            backward=tch.Backward.graph(lambda g, dy, x: [g.relu_backward(dy, x)], operands=[Op.grad(0), Op.input(0)], differentiable_outputs=[0, 1]),
         )
     with pytest.raises(ValueError, match="gradients are always given"):
-        tch.register_graph(two_outputs, name="reads_grad", backward_fn=lambda g, i, o: [None], backward_reads=[Op.grad(0)])
+        tch.register_graph(
+            two_outputs, name="reads_grad", backward=tch.Backward.function(lambda g, i, o: [None], reads=[Op.grad(0)]),
+        )
     with pytest.raises(ValueError, match=r"BackwardOperand.input\(0, for_grads=\[3\]\), but the builder takes 1 inputs"):
-        tch.register_graph(two_outputs, name="for_missing", backward_fn=lambda g, i, o: [None], backward_reads=[Op.input(0, for_grads=[3])])
+        tch.register_graph(
+            two_outputs, name="for_missing",
+            backward=tch.Backward.function(lambda g, i, o: [None], reads=[Op.input(0, for_grads=[3])]),
+        )
     with pytest.raises(TypeError, match="need a backward"):
         tch.register_graph(two_outputs, name="no_backward", differentiable_outputs=[0])
 

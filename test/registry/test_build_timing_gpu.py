@@ -65,7 +65,9 @@ def assert_sums(built):
 
 def test_a_static_build_records_cudnn_steps_the_library_share_and_the_first_execution():
     before = tch.stats.graphs()["phase_seconds"]
-    graph_id = tch.register_graph(linear_forward, name=f"timing_static_{uuid.uuid4().hex[:8]}", activation="gelu")
+    graph_id = tch.register_graph(
+        linear_forward, name=f"timing_static_{uuid.uuid4().hex[:8]}", params=dict(activation="gelu"),
+    )
     run_linear(graph_id, 200)
     built = only_build(graph_id)
     assert built.route == "static"
@@ -90,13 +92,13 @@ def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, fresh_setting
     settings.set_plan_store(True)
     settings.set_plan_store_dir(tmp_path / "plans")
     name = f"timing_stored_{uuid.uuid4().hex[:8]}"
-    first = tch.register_graph(linear_forward, name=name, activation="gelu")
+    first = tch.register_graph(linear_forward, name=name, params=dict(activation="gelu"))
     expected = run_linear(first, 72)
     built = only_build(first)
     # "load": the store was looked in (a miss) before the build
     assert set(built.phase_seconds) == BUILT | library_phases("key", "load", "serialize", "store")
     assert_sums(built)
-    again = tch.register_graph(linear_forward, name=name, activation="gelu")  # same key: loaded, not built
+    again = tch.register_graph(linear_forward, name=name, params=dict(activation="gelu"))  # same key: loaded, not built
     actual = run_linear(again, 72)
     loaded = only_build(again)
     assert loaded.route == "plan_store"
@@ -108,7 +110,9 @@ def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, fresh_setting
 
 def test_a_tuned_build_records_its_candidate_timing(tmp_path, fresh_settings):
     settings.set_tuning_file(tmp_path / "tuning.json")
-    graph_id = tch.register_graph(linear_forward, name=f"timing_tuned_{uuid.uuid4().hex[:8]}", activation="gelu", tune=True)
+    graph_id = tch.register_graph(
+        linear_forward, name=f"timing_tuned_{uuid.uuid4().hex[:8]}", tune=True, params=dict(activation="gelu"),
+    )
     run_linear(graph_id, 136)
     built = only_build(graph_id)
     assert set(built.phase_seconds) == {"operation_graph", "heuristics", "support", "tune"} | library_phases()

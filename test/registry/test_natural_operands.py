@@ -109,15 +109,21 @@ def test_a_view_that_starts_elsewhere_is_refused():
 def test_registration_refuses_bad_steps():
     mm = tch.register_graph(matmul, name="steps_mm")
     with pytest.raises(ValueError, match="reads earlier steps only"):
-        tch.register_graph(matmul, backward_steps=[BackwardStep(mm, [Op.step(0), Op.input(1)])], backward_grads=[Op.step(0), None])
+        tch.register_graph(
+            matmul, backward=tch.Backward.steps([BackwardStep(mm, [Op.step(0), Op.input(1)])], grads=[Op.step(0), None]),
+        )
     with pytest.raises(ValueError, match="gives 1 gradients, but the builder takes 2"):
-        tch.register_graph(matmul, backward_steps=[BackwardStep(mm, [Op.grad(0), Op.input(1)])], backward_grads=[Op.step(0)])
-    with pytest.raises(TypeError, match="needs backward_grads"):
+        tch.register_graph(
+            matmul, backward=tch.Backward.steps([BackwardStep(mm, [Op.grad(0), Op.input(1)])], grads=[Op.step(0)]),
+        )
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'grads'"):
+        tch.register_graph(matmul, backward=tch.Backward.steps([BackwardStep(mm, [Op.grad(0), Op.input(1)])]))
+    with pytest.raises(TypeError, match="needs backward_grads"):  # the earlier options' form
         tch.register_graph(matmul, backward_steps=[BackwardStep(mm, [Op.grad(0), Op.input(1)])])
-    with pytest.raises(TypeError, match="one of them"):
+    with pytest.raises(TypeError, match="one of them"):  # the options of earlier releases: still exclusive
         tch.register_graph(matmul, backward_fn=lambda *a: a, backward_steps=[BackwardStep(mm, [Op.grad(0)])], backward_grads=[None, None])
     with pytest.raises(ValueError, match="unknown graph id"):
-        tch.register_graph(matmul, backward_steps=[BackwardStep(10**9, [Op.grad(0)])], backward_grads=[None, None])
+        tch.register_graph(matmul, backward=tch.Backward.steps([BackwardStep(10**9, [Op.grad(0)])], grads=[None, None]))
     with pytest.raises(ValueError, match="only a gradient or a step's output"):
         Op.input(0).sum_to_input()
     with pytest.raises(TypeError, match="must be an OperandViews"):
@@ -136,12 +142,11 @@ def test_a_user_graph_with_steps_views_and_a_summed_bias_gradient():
     at_b = tch.register_graph(matmul, name="readme_at_b", views=OperandViews(inputs=[lambda a: a.mT, None]))
     linear = tch.register_graph(
         linear_relu, name="readme_linear2",
-        backward_steps=[
+        backward=tch.Backward.steps([
             BackwardStep(relu_backward, [Op.grad(0), Op.output(0)]),
             BackwardStep(a_bt, [Op.step(0), Op.input(1)], for_grads=[0]),
             BackwardStep(at_b, [Op.input(0), Op.step(0)], for_grads=[1]),
-        ],
-        backward_grads=[Op.step(1), Op.step(2), Op.step(0).sum_to_input()],
+        ], grads=[Op.step(1), Op.step(2), Op.step(0).sum_to_input()]),
     )
     half = dict(device="meta", dtype=torch.float16)
     x, w, b = (torch.empty(*shape, requires_grad=True, **half) for shape in ((1, 16, 32), (1, 32, 8), (1, 1, 8)))

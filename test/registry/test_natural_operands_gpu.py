@@ -49,8 +49,8 @@ def _previous_linear_backward(activation):
 
 PREVIOUS_LINEAR = {
     activation: tch.register_graph(
-        linear_forward, name=f"previous_linear_{activation}", backward_fn=_previous_linear_backward(activation),
-        materialize_grads=False, activation=activation,
+        linear_forward, name=f"previous_linear_{activation}", params=dict(activation=activation),
+        backward=tch.Backward.function(_previous_linear_backward(activation), materialize_grads=False),
     )
     for activation in (None, "relu", "gelu")
 }

@@ -37,7 +37,7 @@ def linear_relu_backward(grads, inputs, outputs):
     return [dx, dw, dz.sum(dim=1, keepdim=True)]
 
 
-LINEAR_RELU = tch.register_graph(linear_relu, name="linear_relu", backward_fn=linear_relu_backward)
+LINEAR_RELU = tch.register_graph(linear_relu, name="linear_relu", backward=tch.Backward.function(linear_relu_backward))
 
 
 def relu(graph, x):
@@ -48,9 +48,12 @@ def relu_grad(graph, dy, x):
     return [graph.relu_backward(dy, x, name="drelu")]
 
 
-RELU = tch.register_graph(relu, name="relu", backward=relu_grad, backward_operands=lambda grads, ins, outs: [grads[0], ins[0]])
+RELU = tch.register_graph(
+    relu, name="relu", backward=tch.Backward.graph(relu_grad, operands=lambda grads, ins, outs: [grads[0], ins[0]]),
+)
 RELU_DECLARED = tch.register_graph(
-    relu, name="relu_declared", backward=relu_grad, backward_operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]
+    relu, name="relu_declared",
+    backward=tch.Backward.graph(relu_grad, operands=[tch.BackwardOperand.grad(0), tch.BackwardOperand.input(0)]),
 )
 
 

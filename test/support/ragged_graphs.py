@@ -40,12 +40,13 @@ def sdpa_own_o(g, q, k, v, seq_len_q, seq_len_kv, q_off, k_off, v_off, o_off, *,
 def register(max_seq_len: int = S_MAX):
     """(shared, own_o): fresh ids, so each test counts its own builds."""
     shared = tch.register_graph(
-        sdpa_shared, attn_scale=ATTN_SCALE,
+        sdpa_shared,
         ragged={0: tch.Ragged(offsets=5, max_seq_len=max_seq_len), 1: tch.Ragged(6, max_seq_len), 2: tch.Ragged(6, max_seq_len)},
+        params=dict(attn_scale=ATTN_SCALE),
     )
     own_o = tch.register_graph(
-        sdpa_own_o, attn_scale=ATTN_SCALE,
-        ragged={0: tch.Ragged(5, max_seq_len), 1: tch.Ragged(6, max_seq_len), 2: tch.Ragged(7, max_seq_len)},
+        sdpa_own_o, ragged={0: tch.Ragged(5, max_seq_len), 1: tch.Ragged(6, max_seq_len), 2: tch.Ragged(7, max_seq_len)},
+        params=dict(attn_scale=ATTN_SCALE),
     )
     return shared, own_o
 
@@ -76,14 +77,12 @@ def register_training(max_seq_len: int = S_MAX) -> int:
     operands dO, q, k, v, o, stats, seq_len_q, seq_len_kv, q_off, kv_off, stats_off."""
     op, r = tch.BackwardOperand, tch.Ragged
     return tch.register_graph(
-        sdpa_train, attn_scale=ATTN_SCALE,
-        ragged={0: r(5, max_seq_len), 1: r(6, max_seq_len), 2: r(6, max_seq_len)},
-        backward=sdpa_train_backward,
-        backward_operands=[op.grad(0), op.input(0), op.input(1), op.input(2), op.output(0), op.output(1), *(op.input(i) for i in range(3, 8))],
-        backward_ragged={
+        sdpa_train, ragged={0: r(5, max_seq_len), 1: r(6, max_seq_len), 2: r(6, max_seq_len)},
+        params=dict(attn_scale=ATTN_SCALE),
+        backward=tch.Backward.graph(sdpa_train_backward, operands=[op.grad(0), op.input(0), op.input(1), op.input(2), op.output(0), op.output(1), *(op.input(i) for i in range(3, 8))], ragged={
             0: r(8, max_seq_len), 1: r(8, max_seq_len), 2: r(9, max_seq_len), 3: r(9, max_seq_len), 4: r(8, max_seq_len),
             5: r(10, max_seq_len),
-        },
+        }),
     )
 
 

@@ -36,7 +36,9 @@ ROOT = REPO
 
 def register(tag: str, dynamic: bool):
     """The linear (gelu) graph and the causal sdpa forward with its backward, under names of ``tag``."""
-    linear = tch.register_graph(linear_forward, name=f"plan_cache_linear_gelu_{tag}", activation="gelu", dynamic_shapes=dynamic)
+    linear = tch.register_graph(
+        linear_forward, name=f"plan_cache_linear_gelu_{tag}", dynamic_shapes=dynamic, params=dict(activation="gelu"),
+    )
     attention = tch.register_graph(
         sdpa_forward, name=f"plan_cache_sdpa_{tag}", backward=tch.Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS), params=dict(causal=True),
         dynamic_shapes=dynamic,
