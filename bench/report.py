@@ -54,7 +54,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
@@ -93,58 +92,7 @@ def host_overhead(calls: int) -> List[dict]:
 
 
 # ---------------------------------------------------------------------------------
-# 2. Thread scaling
-
-
-class ThreadGang:
-    """``n`` persistent threads, each with its own CUDA stream, started together on a
-    job and timed until the last one's stream is done."""
-
-    def __init__(self, n: int):
-        import torch
-
-        self.n, self.job, self.errors = n, None, []
-        self.start, self.end = threading.Barrier(n + 1), threading.Barrier(n + 1)
-        self.streams = [torch.cuda.Stream() for _ in range(n)]
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True, name=f"gang-{i}") for i in range(n)]
-        for thread in self.threads:
-            thread.start()
-
-    def _loop(self, index: int) -> None:
-        import torch
-
-        stream = self.streams[index]
-        while True:
-            self.start.wait()
-            job = self.job
-            if job is None:
-                return
-            fn, calls = job
-            try:
-                with torch.cuda.stream(stream):
-                    for _ in range(calls):
-                        fn(index)
-                stream.synchronize()
-            except BaseException as error:  # noqa: BLE001 -- reported by run()
-                self.errors.append(error)
-            self.end.wait()
-
-    def run(self, fn: Callable[[int], object], calls: int) -> float:
-        """Seconds for every thread to make ``calls`` calls of ``fn(thread_index)``."""
-        self.job = (fn, calls)
-        begin = time.perf_counter()
-        self.start.wait()
-        self.end.wait()
-        elapsed = time.perf_counter() - begin
-        if self.errors:
-            raise self.errors[0]
-        return elapsed
-
-    def close(self) -> None:
-        self.job = None
-        self.start.wait()
-        for thread in self.threads:
-            thread.join()
+# 2. Thread scaling (ThreadGang: timing.py)
 
 
 def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
@@ -152,6 +100,7 @@ def thread_scaling(calls_per_thread: int, rounds: int) -> List[dict]:
 
     import torch_cudnn_handle as tch
     from bench_op import MATMUL
+    from timing import ThreadGang
 
     rows = []
     for batch, m, k, n in ((1, 16, 16, 16), (8, 256, 256, 256)):

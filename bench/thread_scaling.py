@@ -347,13 +347,13 @@ def measure(calls: int = 2000, rounds: int = 3) -> List[dict]:
 
 
 def measure_python(calls: int, rounds: int) -> List[dict]:
-    """Python threads (report.py's ThreadGang: own stream each, started together, timed
+    """Python threads (timing.py's ThreadGang: own stream each, started together, timed
     until every stream is done): ``torch.ops.cudnn_fe.execute`` against ``torch.bmm``."""
     import torch
 
     sys.path.insert(0, HERE)
     from bench_op import MATMUL
-    from report import ThreadGang
+    from timing import ThreadGang
 
     import torch_cudnn_handle as tch
 

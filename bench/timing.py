@@ -12,6 +12,8 @@ figures of separate runs differ by up to 60%).
 * ``compare``: the median of a timer for each candidate, rounds interleaved.
 * ``device_kernels``: what a step launches on the GPU (torch.profiler, CUDA activity),
   grouped by kernel name, with device time.
+* ``ThreadGang``: ``n`` persistent threads, each on its own CUDA stream, started together
+  and timed until the last stream is done (report.py's and thread_scaling.py's threads rows).
 * ``require_cuda_gpu``: what every entry point that measures on a GPU calls first: without
   one it says so in one line on stderr and exits with status 2 (no traceback).
 """
@@ -23,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple
 
@@ -151,3 +154,50 @@ def save(rows: List[dict], path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+class ThreadGang:
+    """``n`` persistent threads, each with its own CUDA stream, started together on a
+    job and timed until the last one's stream is done."""
+
+    def __init__(self, n: int):
+        self.n, self.job, self.errors = n, None, []
+        self.start, self.end = threading.Barrier(n + 1), threading.Barrier(n + 1)
+        self.streams = [torch.cuda.Stream() for _ in range(n)]
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True, name=f"gang-{i}") for i in range(n)]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self, index: int) -> None:
+        stream = self.streams[index]
+        while True:
+            self.start.wait()
+            job = self.job
+            if job is None:
+                return
+            fn, calls = job
+            try:
+                with torch.cuda.stream(stream):
+                    for _ in range(calls):
+                        fn(index)
+                stream.synchronize()
+            except BaseException as error:  # noqa: BLE001 -- reported by run()
+                self.errors.append(error)
+            self.end.wait()
+
+    def run(self, fn: Callable[[int], object], calls: int) -> float:
+        """Seconds for every thread to make ``calls`` calls of ``fn(thread_index)``."""
+        self.job = (fn, calls)
+        begin = time.perf_counter()
+        self.start.wait()
+        self.end.wait()
+        elapsed = time.perf_counter() - begin
+        if self.errors:
+            raise self.errors[0]
+        return elapsed
+
+    def close(self) -> None:
+        self.job = None
+        self.start.wait()
+        for thread in self.threads:
+            thread.join()
