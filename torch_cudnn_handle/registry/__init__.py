@@ -30,7 +30,7 @@ from .backward_operands import BackwardOperand, BackwardStep
 from .build import BuiltGraph
 from .data_types import GraphDataTypes
 from .definition import Definition, Definitions, check_arity
-from .graph_cache import GraphCache, check_pinned_specs
+from .graph_cache import EXIT_WAIT_SECONDS, GraphCache, check_pinned_specs
 from .operand_views import OperandViews
 from .plans import kernel_caches
 from .ragged import Ragged
@@ -53,10 +53,15 @@ def _drop_built_graphs() -> None:
     """Release the cached graphs while CUDA is still up (atexit runs before interpreter
     teardown), instead of leaving them to the frontend's bindings to report as leaked.
     Native plans are left to the process's end (Note [Leaked on purpose] in
-    csrc/pool/device_thread_handle_pool.h). A child forked after handles existed has no
-    CUDA state to release them into: it leaves them."""
+    csrc/pool/device_thread_handle_pool.h). Builds in flight on other threads are waited
+    for first, a bounded time. A child forked after handles existed has no CUDA state to
+    release them into: it leaves them."""
     if _C.with_cuda and _C.forked_after_handles():
         return
+    still_building = _graph_cache.wait_for_builds(EXIT_WAIT_SECONDS)  # see graph_cache.py's "Exit"
+    if still_building:
+        warnings.warn(f"torch_cudnn_handle: exiting with {still_building} cuDNN build(s) still in flight after {EXIT_WAIT_SECONDS:g} s")
+        return  # their threads still use the cache: leave it to the process's end
     _graph_cache.drop_built()
     describing.described_layout.cache_clear()
     kernel_caches.clear()

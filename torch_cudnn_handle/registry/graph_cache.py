@@ -15,6 +15,10 @@
   * Recency: one clock, CLOCK_MONOTONIC in nanoseconds. The Python path stamps an entry
     at each hit (``time.monotonic_ns``); a native call never reaches Python, so eviction
     also reads its plan's last run from the extension, which stamps it on the same clock.
+  * Exit: the registry's exit hook waits, at most ``EXIT_WAIT_SECONDS``, for the builds in
+    flight (``wait_for_builds``) before the interpreter tears down: a daemon thread still
+    inside a cuDNN build when Python finalizes can crash the process (SIGSEGV, seen on the
+    H200), where one that finished its build only meets torch's own exit rules.
   * Lifetimes: built graphs live until evicted (or dropped at exit). A call executing
     one holds its own reference, and a CUDA graph that captured one keeps what it needs
     alive (``_C.keep_alive_while_captured``), so eviction never breaks a call or a replay.
@@ -38,7 +42,9 @@ from .build import BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
 from .specs import TensorSpec
 
-__all__ = ["GraphCache"]
+__all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
+
+EXIT_WAIT_SECONDS = 30.0  # the longest the exit hook waits for builds in flight (a fused linear builds in ~1.5 s)
 
 
 class _Entry:
@@ -165,6 +171,18 @@ class GraphCache:
             )
         check_pinned_specs(definition, built, [TensorSpec.of(t) for t in inputs])
         return built
+
+    def wait_for_builds(self, timeout: float) -> int:
+        """Wait until no build is in flight, at most ``timeout`` seconds (builds that start
+        meanwhile are waited for too); the number still in flight then (0: none)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = list(self._in_flight.values())
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                return len(pending)
+            concurrent.futures.wait(pending, timeout=left)
 
     def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
         """The op's first launch of ``built`` took ``seconds`` on the host: its

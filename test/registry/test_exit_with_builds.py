@@ -1,0 +1,109 @@
+"""A process that exits while other threads are inside cuDNN builds: the registry's exit
+hook waits for the builds in flight (a bounded time: graph_cache.EXIT_WAIT_SECONDS) before
+the interpreter tears down, so a daemon thread is never inside a build while Python
+finalizes (that was a SIGSEGV on the H200). Without a GPU the build is a stand-in that
+takes its time (a CPU seam: the cache's build function); on a GPU the builds are real."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from support.paths import REPO
+from torch_cudnn_handle.registry.data_types import GraphDataTypes
+
+SLOW_BUILD = """
+import sys, time
+from torch_cudnn_handle.registry import build as build_module, graph_cache
+
+def slow_build(definition, device, specs, *, deterministic=False):
+    time.sleep({seconds})
+    built = build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
+                                    workspace_size=0, phase_seconds={{}})
+    print("built " + definition.name, flush=True)  # one write per line: whole lines
+    sys.stdout.flush()
+    return built
+
+graph_cache.build = slow_build  # the seam: no cuDNN on this machine
+graph_cache._capturing = lambda device: False
+"""
+
+
+def _stand_in_cache(monkeypatch, seconds):
+    from torch_cudnn_handle.registry import build as build_module, graph_cache
+    from torch_cudnn_handle.registry.definition import Definitions
+
+    def slow_build(definition, device, specs, *, deterministic=False):
+        time.sleep(seconds)
+        return build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
+                                       workspace_size=0, phase_seconds={})
+
+    monkeypatch.setattr(graph_cache, "build", slow_build)
+    monkeypatch.setattr(graph_cache, "_capturing", lambda device: False)
+    definitions = Definitions()
+    return graph_cache.GraphCache(definitions), definitions
+
+
+def test_wait_for_builds_returns_once_none_is_in_flight(monkeypatch):
+    import torch
+
+    cache, definitions = _stand_in_cache(monkeypatch, 0.3)
+    ids = [definitions.define(lambda g, x: g.relu(x), name=f"g{i}", params={}, backward=None, tune=None, output_shapes=None,
+                              data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None) for i in range(4)]
+    x = torch.empty(2, 3, 4)
+    threads = [threading.Thread(target=cache.lookup, args=(gid, 0, [x], ((2, 3, 4),)), daemon=True) for gid in ids]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while cache.wait_for_builds(0) == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the builds are in flight
+    assert cache.wait_for_builds(0.01) == 4  # bounded: still building
+    assert cache.wait_for_builds(5) == 0
+    assert cache.stats()["builds"] == 4
+
+
+@pytest.mark.parametrize("threads", [4, 8])
+def test_a_process_exiting_with_builds_in_flight_waits_for_them(threads):
+    script = textwrap.dedent(SLOW_BUILD.format(seconds=0.5)) + textwrap.dedent(f"""
+        import threading, torch
+        from torch_cudnn_handle import registry
+        ids = [registry.register_graph(lambda g, x: g.relu(x), name=f"g{{i}}") for i in range({threads})]
+        x = torch.empty(2, 3, 4)
+        started = threading.Barrier({threads} + 1)
+        def call(gid):
+            started.wait()
+            registry.built_for(gid, 0, [x], ((2, 3, 4),), False)
+        for gid in ids:
+            threading.Thread(target=call, args=(gid,), daemon=True).start()
+        started.wait()
+        time.sleep(0.05)
+        print("exiting", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("built g") == threads and done.stdout.index("exiting") < done.stdout.index("built"), done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [4, 8])
+def test_exiting_with_real_builds_in_flight_never_segfaults(threads):
+    """20 runs: daemon threads each inside a cuDNN build (a new layout per thread) when the
+    main thread exits; each run exits 0, never -11 (SIGSEGV) nor -6."""
+    script = textwrap.dedent(f"""
+        import threading, torch, torch_cudnn_handle as tch
+        from torch_cudnn_handle.nn import FusedLinear
+        layer = FusedLinear(1024, 1024, "gelu", device="cuda", dtype=torch.bfloat16)
+        started = threading.Barrier({threads} + 1)
+        def build(i):
+            x = torch.randn(1, 64 + 8 * i, 1024, device="cuda", dtype=torch.bfloat16)
+            started.wait()
+            layer(x)
+        for i in range({threads}):
+            threading.Thread(target=build, args=(i,), daemon=True).start()
+        started.wait()
+    """)
+    codes = [subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=300).returncode for _ in range(20)]
+    assert codes == [0] * 20, codes
