@@ -260,3 +260,26 @@ def test_register_built_graph_wants_a_built_pygraph():
     y = graph.relu(x).set_output(True)
     with pytest.raises(ValueError, match=r"the cudnn.pygraph is not built .*call graph.build\(\[cudnn.heur_mode.A\]\) first"):
         tch.register_built_graph(graph, [x], [y], device="cuda:0")
+
+
+# -- errors a newcomer meets at description time (the fake kernel's, so without a GPU too) --
+
+
+def test_a_python_number_where_the_builder_needs_a_tensor_names_tensor_scalar_and_host_scalars():
+    def scale_by_half(g, x):
+        return g.mul(a=x, b=0.5)  # a Python float where the node takes a tensor
+
+    graph = tch.register_graph(scale_by_half, name="scale_by_half")
+    with pytest.raises(TypeError, match=r"graph 'scale_by_half': the builder passed a Python float where a graph node takes a tensor "
+                                        r"\(the frontend said: 'float' object has no attribute 'shape'\).*graph.tensor_scalar\(value, "
+                                        r"cudnn.data_type.FLOAT\).*torch.tensor\(value\)"):
+        torch.ops.cudnn_fe.execute(graph, [torch.empty(2, 8, 16, device="meta")])
+
+
+def test_a_matmul_of_two_floating_types_is_refused_with_the_fix():
+    graph = tch.register_graph(lambda g, a, b: g.matmul(A=a, B=b), name="fp16_by_fp32")
+    a, b = torch.empty(1, 16, 32, dtype=torch.float16, device="meta"), torch.empty(1, 32, 8, dtype=torch.float32, device="meta")
+    with pytest.raises(TypeError, match=r"matmul 'matmul.0' multiplies A of HALF by B of FLOAT; the op refuses.*b.to\(a.dtype\)"):
+        torch.ops.cudnn_fe.execute(graph, [a, b])
+    (c,) = torch.ops.cudnn_fe.execute(graph, [a, b.to(torch.float16)])  # one dtype: traced as before
+    assert c.dtype == torch.float16 and c.shape == (1, 16, 8)

@@ -107,6 +107,7 @@ def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, *
     if ragged is not None:
         ragged.check_builder_kept(inputs)
     validate_description(graph)
+    refuse_mixed_matmul(definition.name, graph)
     inferred = undeclared_output_strides(graph)
     out_specs = []
     for i, tensor in enumerate(outputs):
@@ -171,6 +172,30 @@ def refuse_low_rank(graph_name: str, specs: Sequence[TensorSpec]) -> None:
             f"computes such graphs wrongly (measured on cuDNN 9.19: every plan of a 2-D relu wrote wrong values), so the op "
             f"refuses them. Give it {MIN_RANK}-D tensors, e.g. x.unsqueeze(0) (a view), and build the graph for them."
         )
+
+
+_WIDE_FLOATS = {str(t) for t in (cudnn.data_type.HALF, cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT)}  # inspect()'s spelling
+
+
+def refuse_mixed_matmul(graph_name: str, graph) -> None:
+    """A matmul of two different 16/32-bit floating types (an fp16 A by an fp32 B): what cuDNN
+    computes for it is not measured, and its output silently takes the graph's io type, so
+    the op refuses it at description time (a trace too) with the fix. fp8 mixes (e4m3 by
+    e5m2) and casts the builder writes (graph.identity) are not refused."""
+    described = graph.inspect()
+    types = {name: str(tensor.get("dtype")) for name, tensor in described.get("tensors", {}).items()}
+    for node in described.get("nodes", ()):
+        if node.get("type") != "MATMUL":
+            continue
+        a, b = (types.get(node.get("inputs", {}).get(port)) for port in ("A", "B"))
+        if a in _WIDE_FLOATS and b in _WIDE_FLOATS and a != b:
+            raise TypeError(
+                f"graph {graph_name!r}: matmul {node.get('name')!r} multiplies A of {a.split('.')[-1]} by B of {b.split('.')[-1]}; "
+                "the op refuses a "
+                "matmul of two floating types (what cuDNN computes for it is not verified, and its output would take the "
+                "graph's io type without a word). Pass both in one dtype (b.to(a.dtype)), or cast one in the builder: "
+                "graph.identity(input=B) with .set_data_type(A.data_type)."
+            )
 
 
 def _input_tensor(graph, index: int, spec: TensorSpec, specs: Sequence[TensorSpec], ragged: Optional[RaggedOperands] = None):
