@@ -24,9 +24,11 @@ from torch import nn
 
 import cudnn
 
+from .. import settings
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
+from .attention_buckets import bucketed_sdpa
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
@@ -122,12 +124,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     ``q, k, v``: ``[B, H, S, D]`` fp16 or bf16 (any dimension order in memory, the
     head dimension innermost), ``D`` a multiple of 8; scale ``1/sqrt(D)``.
     Differentiable (the backward is the sdpa_backward graph); a call that needs no
-    gradient runs the inference graph, which writes no softmax statistics.
+    gradient runs the inference graph, which writes no softmax statistics. With the
+    ``attention_buckets`` setting on, a self-attention call (q, k and v of one shape) is
+    served by its length's bucket instead, with no build per length (Note [Length buckets]).
     """
     _check_sdpa_inputs(q, k, v)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return execute(SDPA_GRAPHS[bool(causal)], [q, k, v])[0]
-    return execute(SDPA_INFERENCE_GRAPHS[bool(causal)], [q, k, v])[0]
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if _buckets_on() and q.shape == k.shape == v.shape:
+        return bucketed_sdpa(q, k, v, bool(causal), training)
+    return execute((SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)], [q, k, v])[0]
+
+
+@torch.compiler.assume_constant_result
+def _buckets_on() -> bool:
+    """The attention_buckets setting; read once per trace under torch.compile (a constant of the frame)."""
+    return bool(settings.get("attention_buckets"))
 
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16)
