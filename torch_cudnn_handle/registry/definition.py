@@ -72,17 +72,21 @@ def check_arity(definition: Definition, count: int) -> None:
         raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
 
 
+# Ids are unique in the process, whichever table holds them: a graph's record in C++
+# (csrc/op/graph_record.h) is keyed by id alone. ``next`` on a count is atomic under the GIL.
+_ids = itertools.count(1)
+
+
 class Definitions:
-    """Every definition of this process, by id."""
+    """Definitions by id (the registry's is every definition of this process)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
         self._table: Dict[int, Definition] = {}
 
     def _add(self, **fields) -> int:
         with self._lock:
-            graph_id = next(self._ids)
+            graph_id = next(_ids)
             self._table[graph_id] = Definition(graph_id=graph_id, **fields)
             return graph_id
 

@@ -15,6 +15,14 @@
   * Recency: one clock, CLOCK_MONOTONIC in nanoseconds. The Python path stamps an entry
     at each hit (``time.monotonic_ns``); a native call never reaches Python, so eviction
     also reads its plan's last run from the extension, which stamps it on the same clock.
+  * Note [Builds off the caller's path]: with the ``background_builds`` setting, a call the
+    op can serve without cuDNN (the torch interpreter on the inputs' device) does not wait
+    for its layout's first build: one of two build threads builds it, and calls at that
+    layout run on the stand-in until it is done. Never under deterministic algorithms (the
+    calls wait: no two implementations in one deterministic run) nor while capturing (no
+    build can start: warm up first). A failed background build is not retried there: the
+    next call builds in its own path and raises the error. The stand-in's results agree
+    with the plan's within the engines' numerics, not bitwise.
   * Exit: the registry's exit hook waits, at most ``EXIT_WAIT_SECONDS``, for the builds in
     flight (``wait_for_builds``) before the interpreter tears down: a daemon thread still
     inside a cuDNN build when Python finalizes can crash the process (SIGSEGV, seen on the
@@ -63,7 +71,9 @@ class GraphCache:
         self._entries: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
         self._pinned: Dict[int, BuiltGraph] = {}  # graph id -> its registered built graph
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
-        self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0)
+        self._foreground_only: set = set()  # keys whose background build failed: built in the caller's path
+        self._builder: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0)
         self._routes: "collections.Counter[str]" = collections.Counter()  # graphs obtained per route (plans/)
         self._plan_seconds = 0.0  # time spent obtaining them (BuiltGraph.build_seconds)
         self._phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py)
@@ -78,11 +88,12 @@ class GraphCache:
         return self._pinned.get(graph_id)
 
     def lookup(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False,
-               *, call: bool = True) -> BuiltGraph:
+               *, call: bool = True, stand_in: bool = False) -> Optional[BuiltGraph]:
         """The graph ``graph_id`` built for ``device`` and these inputs; built on first use.
         ``key_specs``: the inputs' (shape, stride, dtype, is_cpu), the hot key. ``call``:
         the op runs it now (a pending binding is handed over first); else only its layout
-        is wanted."""
+        is wanted. ``stand_in``: the caller can serve the call without cuDNN, so a first use
+        builds in the background and returns None (Note [Builds off the caller's path])."""
         key = (graph_id, device, key_specs, deterministic)
         built = self._hit(key)
         if built is not None:
@@ -97,7 +108,7 @@ class GraphCache:
             # (above) is never stored, so every such call on this path checks its inputs.
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
-        return self._build_once(key, definition, device, specs, call)
+        return self._build_once(key, definition, device, specs, call, stand_in and not deterministic)
 
     def _hit(self, key) -> Optional[BuiltGraph]:
         with self._lock:
@@ -108,7 +119,7 @@ class GraphCache:
             self._counters["hits"] += 1
             return entry.built
 
-    def _build_once(self, key, definition: Definition, device: int, specs, call: bool) -> BuiltGraph:
+    def _build_once(self, key, definition: Definition, device: int, specs, call: bool, stand_in: bool = False) -> Optional[BuiltGraph]:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -120,10 +131,11 @@ class GraphCache:
                 owner = future is None
                 if owner:
                     future = self._in_flight[key] = concurrent.futures.Future()
+                background = owner and stand_in and key not in self._foreground_only
         if entry is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
             return self._reused(entry.built) if call else entry.built
         if not owner:  # a concurrent first call: its build's result (or error), run as a first call
-            return future.result()
+            return None if stand_in and not future.done() else future.result()
         try:
             if _capturing(device):
                 raise RuntimeError(
@@ -131,13 +143,23 @@ class GraphCache:
                     f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
                     "which a build cannot be part of. Warm up before capture: run the same call once outside it."
                 )
+        except BaseException as error:
+            self._fail(key, future, error)
+            raise
+        if background:  # Note [Builds off the caller's path]: the stand-in serves this call
+            self._background().submit(self._run_build, key, definition, device, specs, future, True)
+            with self._lock:
+                self._counters["background_builds"] += 1
+            return None
+        return self._run_build(key, definition, device, specs, future)
+
+    def _run_build(self, key, definition: Definition, device: int, specs, future, background: bool = False) -> BuiltGraph:
+        try:
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
             built = build(definition, device, specs, deterministic=key[3])
         except BaseException as error:
-            with self._lock:
-                del self._in_flight[key]
-            future.set_exception(error)
+            self._fail(key, future, error, background)
             raise
         with self._lock:
             self._counters["builds"] += built.route != "plan_store"  # a load from the plan store is no build
@@ -149,6 +171,21 @@ class GraphCache:
         self.evict_over_capacity()
         future.set_result(built)
         return built
+
+    def _fail(self, key, future, error: BaseException, background: bool = False) -> None:
+        """A build that raised is not kept (a failed background build's key builds in the caller's path next)."""
+        with self._lock:
+            del self._in_flight[key]
+            if background:
+                self._foreground_only.add(key)
+        future.set_exception(error)
+
+    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The two build threads, made on first use (the exit hook waits for their builds)."""
+        with self._lock:
+            if self._builder is None:
+                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="torch_cudnn_handle-build")
+            return self._builder
 
     def _reused(self, built: BuiltGraph) -> BuiltGraph:
         """``built``, found built for a call: its binding may hand it over now (its second call)."""
@@ -185,8 +222,7 @@ class GraphCache:
             concurrent.futures.wait(pending, timeout=left)
 
     def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
-        """The op's first launch of ``built`` took ``seconds`` on the host: its
-        ``phase_seconds["first_execution"]`` (build_timing.py). Only the first record stands."""
+        """The op's first launch of ``built`` took ``seconds`` (``phase_seconds["first_execution"]``; the first record stands)."""
         if built.phase_seconds is None:  # a registered built graph: no build to time
             return
         with self._lock:
