@@ -1,12 +1,16 @@
-"""What a new shape costs, and what a second process saves (issue 20).
+"""What a new shape costs, and what a second process saves (issues 20 and 29).
 
-1. Causal SDPA, bf16, B=2 H=8 D=64, forward + backward, at 12 lengths never seen before
-   (136..1544): the first call at each length (build included), the second (where the
-   library hands a plan to its native path) and the steady call, medians over lengths, for the library's static route, its kernel-cache route
-   (dynamic shapes), torch's flash backend and torch's cuDNN backend; candidates
-   interleaved per length.
-2. ``FusedLinear(1024, 1024, activation="gelu")`` forward at 12 new token counts:
-   static, kernel cache, torch ``linear`` + ``gelu``.
+1. Causal SDPA, bf16, B=2 H=8 D=64 (q, k, v token-major, as Attention's projections give
+   them), forward + backward, at ``--shapes`` lengths never seen before (the default 12:
+   136..1544; more are drawn from [64, 4096] with ``--seed``): the first call at each
+   length (build included), the second (where the library hands a plan to its native path)
+   and the steady call, medians over lengths, and the first calls' total seconds, for the
+   library's static route, its kernel-cache route (dynamic shapes), its length buckets
+   (the attention_buckets setting, Note [Length buckets]), torch's flash backend and
+   torch's cuDNN backend; candidates interleaved per length.
+2. ``FusedLinear(1024, 1024, activation="gelu")`` forward at as many new token counts:
+   static, kernel cache, builds off the caller's path (the background_builds setting:
+   the interpreter serves a new count while it builds), torch ``linear`` + ``gelu``.
 
    For the library's candidates, also: the total build seconds over all lengths, and
    where a new length's time went (the graphs built for one length summed, median over
@@ -25,7 +29,7 @@
 The library's graphs here are built with the plan store off (parts 1 and 2 measure
 builds); part 3 runs this file again as a subprocess per process.
 
-    python bench/new_shapes.py [--steady-calls 20] [--hand-over build|second_call] [--json out.json]
+    python bench/new_shapes.py [--shapes 200 --seed 0] [--steady-calls 20] [--hand-over build|second_call] [--json out.json]
 """
 
 from __future__ import annotations
@@ -48,8 +52,16 @@ from timing import require_cuda_gpu  # noqa: E402
 from torch_cudnn_handle.registry.build_timing import LIBRARY_PHASES, OBTAIN_PHASES, PHASES  # noqa: E402
 
 HAND_OVER = "native_hand_over"
-LENGTHS = [136 + 128 * i for i in range(12)]  # 136 .. 1544
+LENGTHS = [136 + 128 * i for i in range(12)]  # 136 .. 1544; --shapes N draws N from [64, 4096] instead
 TOKENS = [4 * n for n in LENGTHS]
+
+
+def draw_shapes(count: int, seed: int) -> None:
+    """``count`` distinct lengths from [64, 4096] (and token counts 4x them), seeded."""
+    import random
+
+    LENGTHS[:] = sorted(random.Random(seed).sample(range(64, 4097), count))
+    TOKENS[:] = [4 * n for n in LENGTHS]
 GOAL_PLAN_RATIO = 0.1
 GOAL_LIBRARY_MS = 1.0
 
@@ -124,21 +136,26 @@ def sdpa_part(steady_calls: int):
     }
     backends = {"torch flash": SDPBackend.FLASH_ATTENTION, "torch cuDNN backend": SDPBackend.CUDNN_ATTENTION}
 
+    from torch_cudnn_handle.nn import sdpa
+
     def make_call(name, length):
-        q, k, v = (torch.randn(2, 8, length, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(2, length, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
         d_o = torch.randn(2, 8, length, 64, device="cuda", dtype=torch.bfloat16)
 
         def call():
             if name in backends:
                 with sdpa_kernel(backends[name]):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            elif name == "library buckets":
+                with tch.settings.override(attention_buckets=True):
+                    o = sdpa(q, k, v, True)
             else:
                 o = tch.execute(graphs[name.split()[-1]], [q, k, v])[0]
             torch.autograd.grad(o, (q, k, v), d_o)
 
         return call
 
-    candidates = ["library static", "library kernel_cache", *backends]
+    candidates = ["library static", "library kernel_cache", "library buckets", *backends]
     results = _interleaved(candidates, LENGTHS, make_call, steady_calls)
     builds = {f"library {route}": [b for g in (gid, tch.registry.definition(gid).backward_id) for b in tch.built_graphs(g)]
               for route, gid in graphs.items()}
@@ -162,19 +179,30 @@ def linear_part(steady_calls: int):
     )
     modules = {"library static": static, "library kernel_cache": cached}
 
+    background = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    background.load_state_dict(static.state_dict())
+    background._graph = tch.register_graph(  # its own graph id, so its layouts are new to it too
+        linear_forward, name="bench_new_shapes_linear_gelu_background", views=forward_views("gelu"), params=dict(activation="gelu"),
+    )
+    modules = {**modules, "library background": background}
+
     def make_call(name, tokens):
         x = torch.randn(1, tokens, 1024, device="cuda", dtype=torch.bfloat16)
 
         @torch.no_grad()
         def call():
-            if name in modules:
+            if name == "library background":
+                with tch.settings.override(background_builds=True):
+                    modules[name](x)
+            elif name in modules:
                 modules[name](x)
             else:
                 F.gelu(F.linear(x, static.weight, static.bias))
 
         return call
 
-    results = _interleaved(["library static", "library kernel_cache", "torch linear+gelu"], TOKENS, make_call, steady_calls)
+    results = _interleaved(["library static", "library kernel_cache", "library background", "torch linear+gelu"], TOKENS, make_call,
+                           steady_calls)
     builds = {name: tch.built_graphs(module._graph) for name, module in modules.items()}
     return results, builds, lambda built: built.inputs[0].shape[1]  # a graph's token count
 
@@ -219,6 +247,8 @@ def processes_part():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steady-calls", type=int, default=20)
+    parser.add_argument("--shapes", type=int, help="draw this many new lengths from [64, 4096] (default: the 12 fixed ones)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--skip-processes", action="store_true")
     parser.add_argument("--hand-over", choices=("build", "second_call"), default="build",
@@ -230,6 +260,8 @@ def main() -> None:
         return block_process(args.block_process)
     import torch_cudnn_handle as tch
 
+    if args.shapes:
+        draw_shapes(args.shapes, args.seed)
     tch.settings.set_native_path(True)
     tch.settings.set_native_hand_over(args.hand_over)
     tch.settings.set_plan_store(False)  # parts 1 and 2 measure builds
@@ -240,8 +272,8 @@ def main() -> None:
         (f"FusedLinear(1024, 1024, gelu) forward, bf16, {len(TOKENS)} new token counts {TOKENS[0]}..{TOKENS[-1]}", linear_part),
     ):
         results, builds, size_of = part(args.steady_calls)
-        print(f"\n{title}\n{'candidate':<24}{'first call ms':>15}{'second ms':>11}{'steady ms':>12}{'builds s':>10}"
-              "  (medians over sizes; builds: total)")
+        print(f"\n{title}\n{'candidate':<24}{'first call ms':>15}{'second ms':>11}{'steady ms':>12}{'builds s':>10}{'first calls s':>15}"
+              "  (medians over sizes; builds and first calls: totals)")
         figures[title] = {}
         for name, (first, second, steady) in results.items():
             built = builds.get(name) or []
@@ -250,7 +282,9 @@ def main() -> None:
                 second_ms_each=second, steady_ms_each=steady,
             )
             total = sum(b.build_seconds for b in built) if built else None
-            print(f"{name:<24}{median(first):>15.2f}{median(second):>11.2f}{median(steady):>12.3f}" + ("" if total is None else f"{total:>10.2f}"))
+            entry["first_seconds_total"] = sum(first) / 1e3
+            print(f"{name:<24}{median(first):>15.2f}{median(second):>11.2f}{median(steady):>12.3f}"
+                  + (f"{'':>10}" if total is None else f"{total:>10.2f}") + f"{sum(first) / 1e3:>15.2f}")
             if built:
                 entry.update(new_length_breakdown(built, size_of), build_seconds_total=total, routes=sorted({b.route for b in built}))
                 phases = entry["phase_ms"]
@@ -259,6 +293,13 @@ def main() -> None:
                       f"first execution {entry['first_execution_ms']:.2f}; native hand-over at the second call "
                       f"{entry['hand_over_ms']:.2f}; routes {entry['routes']}")
                 print(f"{'':<4}by phase: " + ", ".join(f"{p} {phases[p]:.2f}" for p in PHASES if p in phases))
+
+        torch_names = [n for n in figures[title] if n.startswith("torch")]
+        for name, entry in figures[title].items():
+            if name.startswith("library") and name != "library static":
+                against = ", ".join(f"{entry['first_seconds_total'] / figures[title][t]['first_seconds_total']:.2f}x {t}" for t in torch_names)
+                steady = entry["steady_ms"] / figures[title]["library static"]["steady_ms"]
+                print(f"{'':<4}{name}: first calls {against}; steady {steady:.2f}x library static")
 
     if not args.skip_processes:
         cold, warm = processes_part()
