@@ -32,6 +32,7 @@ __all__ = [
     "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
     "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
     "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_verify",
+    "set_reference_path",
 ]
 
 _TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
@@ -80,7 +81,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024,
             "built graphs kept in memory; the least recently used is evicted first"),
     Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False,
-            "check each plan's first run at each layout against the torch interpreter"),
+            "check each plan's first run at each layout against the torch interpreter (synchronizes then)"),
+    Setting("reference_path", "TORCH_CUDNN_HANDLE_REFERENCE", "bool", False,
+            "run CUDA calls through the torch interpreter instead of cuDNN (debugging; graphs built from now on)"),
 )
 
 _BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -268,6 +271,9 @@ set_plan_tuning = _setter("plan_tuning", "Tune graphs built from now on (tune=Fa
 set_tuning_file = _setter("tuning_file", "The JSON file tuned choices persist in")
 set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graphs are kept (least recently used evicted first)")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
+set_reference_path = _setter(
+    "reference_path", "Run every CUDA call through the torch interpreter instead of cuDNN (graphs already built are dropped)"
+)
 
 
 def frontend_dumps_tensors() -> bool:

@@ -5,7 +5,7 @@ torch.compile, export and CUDA graphs on every torch version. An id names a
 ``Definition``; the registry turns a definition and a call's inputs into a built graph.
 One line of dependencies, each module importing only those before it:
 
-  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing
+  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing, broadcasts
   -> backward_operands -> backward -> definition -> describe -> symbolic
   -> plans/ (store, stored_graphs, kernel_caches, tuning/) -> build -> graph_cache -> here
 
@@ -40,12 +40,30 @@ __all__ = [
     "Backward", "BackwardOperand", "BackwardStep", "OperandViews", "Ragged", "TensorSpec", "GraphLayout", "BuiltGraph",
     "Definition", "register_graph", "register_built_graph", "graph_name", "built_graphs",
     # package-public: the op, the stats and the tests read these
-    "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "record_first_execution", "graph_stats",
+    "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "description", "record_first_execution",
+    "graph_stats",
 ]
 
 _definitions = Definitions()
 _graph_cache = GraphCache(_definitions)
 settings.watch("graph_cache_capacity", lambda _capacity: _graph_cache.evict_over_capacity())  # a smaller one evicts now
+
+
+def _follow_reference_path(on) -> None:
+    """The reference_path setting applies at once: switched on, every graph cuDNN built is
+    dropped (its native plan with it), switched off, every interpreter entry, but those
+    of graphs registered with ``reference=`` True or False, which the setting does not
+    move; each is then obtained again as the setting now says. (The environment variable
+    is read when a graph is built for a layout, as ``native_path`` is.)"""
+
+    def moves(graph_id: int, built: BuiltGraph) -> bool:
+        found = _definitions.find(graph_id)
+        return found is not None and found.reference is None and (built.route == "reference") != bool(on)
+
+    _graph_cache.evict_where(moves)
+
+
+settings.watch("reference_path", _follow_reference_path)
 
 
 @atexit.register
@@ -59,6 +77,7 @@ def _drop_built_graphs() -> None:
         return
     _graph_cache.drop_built()
     describing.described_layout.cache_clear()
+    describing.described.cache_clear()
     kernel_caches.clear()
 
 
@@ -77,6 +96,7 @@ def register_graph(
     io_data_type: Any = None,
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
+    reference: Optional[bool] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -87,7 +107,8 @@ def register_graph(
     every call of the builder and are part of the definition: other parameters, another id.
 
     * Inputs: CUDA tensors on one device, and host scalars (a one-element CPU tensor,
-      ``torch.tensor(1e-5)``: a pass-by-value operand, read when the plan runs).
+      ``torch.tensor(1e-5)``: a pass-by-value operand, read when the plan runs). All on
+      the CPU, the call runs on the reference interpreter (op/reference.py).
     * ``backward``: a ``Backward`` (``Backward.graph``, ``.steps`` or ``.function``) makes
       the op differentiable (registry/backward.py).
     * ``io_data_type`` / ``intermediate_data_type`` / ``compute_data_type``: torch dtypes or
@@ -99,6 +120,10 @@ def register_graph(
     * ``tune``, ``dynamic_shapes``: per-graph choices over the settings of those names;
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
       when they do not simply follow input dims (registry/symbolic.py).
+    * ``reference=True``: CUDA calls run on the torch interpreter (``torch_cudnn_handle.
+      interpreter``) instead of cuDNN, never built, never native (debugging; its declared
+      backward graph too); ``False`` keeps cuDNN whatever the ``reference_path`` setting
+      says; None follows it. CPU calls always run on the interpreter.
 
     The guide (docs/registering-graphs.md) has each of these with an example. Builder
     parameters passed as keywords of their own (``register_graph(f, eps=1e-5)``) and the
@@ -120,7 +145,7 @@ def register_graph(
         builder, name=name, params=dict(params or {}), backward=from_keywords(name, backward, old), tune=tune,
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
-        dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place,
+        dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
     )
 
 
@@ -214,6 +239,21 @@ def layout(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = N
         return pinned.layout
     check_arity(found, len(specs))
     return describing.described_layout(found, found.call_specs(specs), device)
+
+
+def description(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = None) -> describing.Description:
+    """The description of a call of ``graph_id`` with inputs ``specs`` (kept per definition
+    and specs: describe.py ``described``), what the reference interpreter runs. A
+    registered built graph has none: its builder is not the registry's."""
+    found = _definitions.get(graph_id)
+    if found.is_built:
+        raise ValueError(
+            f"cudnn_fe.execute: graph {found.name!r} is a registered built graph (register_built_graph): it has no builder "
+            "to describe, so only cuDNN runs it, on the device it was built for; register its builder (register_graph) to run "
+            "it on the reference interpreter (CPU tensors, or the reference_path setting)"
+        )
+    check_arity(found, len(specs))
+    return describing.described(found, found.call_specs(specs), device)
 
 
 def record_first_execution(built: BuiltGraph, seconds: float) -> None:

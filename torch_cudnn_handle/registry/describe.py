@@ -12,6 +12,7 @@ builder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -20,6 +21,7 @@ import torch
 
 from .. import _C
 from ..pool import current_handle
+from .broadcasts import broadcast_inputs, materialized_specs
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
@@ -78,7 +80,20 @@ def returned_tensors(definition: Definition, result) -> list:
 
 def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
     """Run the definition's builder on a fresh graph description for ``specs``;
-    ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache)."""
+    ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache). In a
+    pointwise-only graph an input that broadcasts is described at its full shape, and the
+    layout names it (Note [Pointwise broadcasts] in broadcasts.py)."""
+    described = _describe_as_given(definition, specs, handle, **graph_options)
+    if definition.views is not None or definition.ragged is not None:
+        return described
+    plan = broadcast_inputs(described.graph, described.inputs, specs)
+    if not plan:
+        return described
+    described = _describe_as_given(definition, materialized_specs(specs, plan), handle, **graph_options)
+    return described._replace(layout=dataclasses.replace(described.layout, materialized=plan))
+
+
+def _describe_as_given(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
     io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
     graph = cudnn.pygraph(
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
@@ -132,6 +147,15 @@ def described_layout(definition: Definition, specs: Tuple[TensorSpec, ...], devi
     definition and specs, least recently used dropped first. Thread-safe: two first
     callers may both describe (a description is pure), never a wrong layout."""
     return describe(definition, specs, describing_handle(device)).layout
+
+
+@functools.lru_cache(maxsize=1024)
+def described(definition: Definition, specs: Tuple[TensorSpec, ...], device: Optional[int]) -> Description:
+    """The description of a call of ``definition`` with ``specs``, kept: what the reference
+    interpreter runs (op/reference.py), so it describes a layout once, not per call; the
+    least recently used dropped first. Its pygraph is only read, never built, so threads
+    share it."""
+    return describe(definition, specs, describing_handle(device))
 
 
 def _run_builder(definition: Definition, graph, inputs):

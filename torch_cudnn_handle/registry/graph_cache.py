@@ -134,7 +134,7 @@ class GraphCache:
             future.set_exception(error)
             raise
         with self._lock:
-            self._counters["builds"] += built.route != "plan_store"  # a load from the plan store is no build
+            self._counters["builds"] += built.route not in ("plan_store", "reference")  # a load, or the interpreter's entry: no build
             self._routes[built.route] += 1
             self._plan_seconds += built.build_seconds
             self._phase_seconds.update(built.phase_seconds or {})
@@ -198,6 +198,17 @@ class GraphCache:
                 evicted.append(entry.built)
         for built in evicted:  # outside the lock: forgetting a plan waits for the handles using it
             built.binding.on_evict()
+
+    def evict_where(self, predicate) -> int:
+        """Evict every built graph ``predicate(graph_id, built)`` holds for (its native
+        plan forgotten, as an LRU eviction does); returns how many."""
+        with self._lock:
+            keys = [key for key, entry in self._entries.items() if predicate(key[0], entry.built)]
+            evicted = [self._entries.pop(key).built for key in keys]
+            self._counters["evictions"] += len(evicted)
+        for built in evicted:  # outside the lock, as in evict_over_capacity
+            built.binding.on_evict()
+        return len(evicted)
 
     def entries(self, graph_id: Optional[int] = None) -> List[BuiltGraph]:
         """The cached BuiltGraphs (of ``graph_id``: one per device and input layout), least recently stamped first."""

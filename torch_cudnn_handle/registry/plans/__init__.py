@@ -28,6 +28,7 @@ from typing import Any, Optional, Tuple
 import cudnn
 
 from .. import describe as describing
+from ..broadcasts import materialized_specs
 from ..build_timing import PhaseClock
 from ..specs import GraphLayout, TensorSpec, layout_lists
 from . import kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
@@ -50,7 +51,8 @@ class Obtained:
 
 def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock) -> Obtained:
     """The graph for ``specs``, loaded or built; ``clock`` gets each phase's seconds
-    (build_timing.py)."""
+    (build_timing.py). Inputs the description materializes (``layout.materialized``) are
+    keyed and timed at their full shape."""
     dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
@@ -62,6 +64,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         return described
 
     graph, inputs, outputs, layout = describe(options)
+    specs = materialized_specs(specs, layout.materialized)  # what the graph reads (Note [Pointwise broadcasts])
     uids = tuple(t.uid for t in inputs + outputs)
     clock.lap("describe")
     key = None
