@@ -12,8 +12,11 @@ float64 2**-52, float32 2**-23, TF32 2**-10, float16 2**-10, bfloat16 2**-7, fp8
     is narrower than float32 (a kernel may keep values in it; the interpreter does not);
   * ``eps(TF32)`` when a matmul or convolution reads a float32 tensor (cuDNN may run it
     on TF32 tensor cores);
-  * ``eps`` of an attention node's input type (its kernels round the probabilities, and
-    in the backward dP, to that type before the second product);
+  * ``eps`` of the floating types a reducing node reads (a matmul, convolution, norm,
+    reduction or attention): its kernels sum in another order, may compute a variance in
+    one pass, and an attention rounds its probabilities (in the backward dP too) to its
+    input type before the second product, so a float32 statistic of float16 data is
+    held to float16's precision (upstream's own tolerances for such outputs are wider);
   * ``2**-11`` when a pointwise node evaluates a transcendental function (exp, tanh, erf,
     ... : kernels may use the hardware's approximate instructions);
 
@@ -93,13 +96,13 @@ def _name(dtype) -> str:
 
 
 def unit_of_types(output: torch.dtype, *, narrow_types: Sequence[torch.dtype] = (), tf32: bool = False,
-                  attention_types: Sequence[torch.dtype] = (), approximate: bool = False):
+                  reduced_types: Sequence[torch.dtype] = (), approximate: bool = False):
     """(unit, why) of a floating output (see the module docstring)."""
     terms = [(_eps(output), f"{_name(output)} output"), (_eps(torch.float32), "float32 compute")]
     terms += [(_eps(t), f"{_name(t)} intermediate") for t in narrow_types if _eps(t) > _eps(torch.float32)]
     if tf32:
         terms.append((TF32_EPS, "TF32 products of float32 inputs"))
-    terms += [(_eps(t), f"attention rounds to {_name(t)}") for t in attention_types]
+    terms += [(_eps(t), f"a reduction over {_name(t)} data") for t in reduced_types]
     if approximate:
         terms.append((APPROXIMATE_EPS, "approximate transcendental functions"))
     unit, why = max(terms, key=lambda term: term[0])
@@ -108,6 +111,10 @@ def unit_of_types(output: torch.dtype, *, narrow_types: Sequence[torch.dtype] = 
 
 def _kind(node) -> str:
     return getattr(node.node_type, "name", str(node.node_type))
+
+
+def _reduces(kind: str) -> bool:
+    return kind in ("MATMUL", "REDUCTION", "GENSTATS", "SDPA", "SDPA_BWD") or kind.startswith("CONV_") or "NORM" in kind
 
 
 def _dtype_of(data_type) -> Optional[torch.dtype]:
@@ -125,15 +132,15 @@ def rules_for(graph, outputs: Sequence, intermediate=None) -> List[OutputRule]:
     narrow += [_dtype_of(getattr(node, "compute_data_type", None)) for node in nodes]
     narrow = [t for t in narrow if t is not None and t.is_floating_point]
     tf32 = attention = approximate = False
-    attention_types = []
+    reduced_types = []
     for node in nodes:
         kind = _kind(node)
         reads = [_dtype_of(t.data_type) for t in node.inputs.values() if t is not None and not t.is_pass_by_value]
         if kind == "MATMUL" or kind.startswith("CONV_"):
             tf32 = tf32 or torch.float32 in reads
-        if kind in ("SDPA", "SDPA_BWD"):
-            attention = True
-            attention_types += [t for t in reads if t is not None and t.is_floating_point and _eps(t) > _eps(torch.float32)]
+        if _reduces(kind):
+            attention = attention or kind in ("SDPA", "SDPA_BWD")
+            reduced_types += [t for t in reads if t is not None and t.is_floating_point and _eps(t) > _eps(torch.float32)]
         mode = node.params.get("mode") if kind == "POINTWISE" else None
         approximate = approximate or str(getattr(mode, "name", mode)).lower() in APPROXIMATE_MODES
     approximate = approximate or attention  # softmax's exp
@@ -143,7 +150,7 @@ def rules_for(graph, outputs: Sequence, intermediate=None) -> List[OutputRule]:
         if dtype is None or not dtype.is_floating_point:
             rules.append(OutputRule(dtype or torch.float32, 0.0, "exact"))
             continue
-        unit, why = unit_of_types(dtype, narrow_types=narrow, tf32=tf32, attention_types=attention_types, approximate=approximate)
+        unit, why = unit_of_types(dtype, narrow_types=narrow, tf32=tf32, reduced_types=reduced_types, approximate=approximate)
         rules.append(OutputRule(dtype, unit, why))
     return rules
 
