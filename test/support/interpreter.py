@@ -29,14 +29,24 @@ def definition(builder, *, io=None, intermediate=None, compute=None, **params) -
 
 
 def describe(builder, inputs: Sequence[torch.Tensor], **options):
-    """(graph, input tensors, output tensors, layout) of ``builder`` for ``inputs``."""
-    return describe_definition(definition(builder, **options), [TensorSpec.of(t) for t in inputs])
+    """(graph, input tensors, output tensors, layout) of ``builder`` for ``inputs``, as
+    written: a broadcast operand stays a broadcast (the interpreter broadcasts it), where the
+    op describes a pointwise graph's at full shape (Note [Pointwise broadcasts])."""
+    return describe_definition(definition(builder, **options), [TensorSpec.of(t) for t in inputs], as_written=True)
 
 
 def describe_registered(graph_id: int, inputs: Sequence[torch.Tensor]):
-    """A registered graph's description for a call with ``inputs`` (its views, its ragged operands)."""
+    """A registered graph's description for a call with ``inputs`` (its views, its ragged
+    operands), as the op describes it; ``materialized(layout, inputs)`` gives the tensors it reads."""
     found = registry.definition(graph_id)
     return describe_definition(found, found.call_specs([TensorSpec.of(t) for t in inputs]))
+
+
+def materialized(layout, inputs: Sequence[torch.Tensor]):
+    """The inputs as a registered graph's description reads them (broadcasts.materialize)."""
+    from torch_cudnn_handle.registry.broadcasts import materialize
+
+    return materialize(inputs, layout.materialized)
 
 
 def run(builder, inputs: Sequence[torch.Tensor], *, compute_dtype=torch.float32, round_virtual=False, **options):
@@ -47,7 +57,7 @@ def run(builder, inputs: Sequence[torch.Tensor], *, compute_dtype=torch.float32,
 
 def run_registered(graph_id: int, inputs: Sequence[torch.Tensor], **options):
     graph, ins, outs, layout = describe_registered(graph_id, inputs)
-    return interpret_ordered(graph, ins, outs, inputs, **options), layout
+    return interpret_ordered(graph, ins, outs, materialized(layout, inputs), **options), layout
 
 
 # Half a unit in the last place of each dtype, a few times over: what one rounding of a

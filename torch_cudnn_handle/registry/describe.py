@@ -78,13 +78,14 @@ def returned_tensors(definition: Definition, result) -> list:
     return list(result)
 
 
-def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
+def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, *, as_written: bool = False, **graph_options) -> Description:
     """Run the definition's builder on a fresh graph description for ``specs``;
     ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache). In a
     pointwise-only graph an input that broadcasts is described at its full shape, and the
-    layout names it (Note [Pointwise broadcasts] in broadcasts.py)."""
+    layout names it (Note [Pointwise broadcasts] in broadcasts.py); ``as_written``: not
+    (the interpreter's own tests, which broadcast in the interpreter)."""
     described = _describe_as_given(definition, specs, handle, **graph_options)
-    if definition.views is not None or definition.ragged is not None:
+    if as_written or definition.views is not None or definition.ragged is not None:
         return described
     plan = broadcast_inputs(described.graph, described.inputs, specs)
     if not plan:

@@ -64,7 +64,10 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         return described
 
     graph, inputs, outputs, layout = describe(options)
-    specs = materialized_specs(specs, layout.materialized)  # what the graph reads (Note [Pointwise broadcasts])
+    # What the graph reads (Note [Pointwise broadcasts]): the closure above describes these
+    # from now on, at full shape, so a later description says nothing of the plan: kept here.
+    materialized = layout.materialized
+    specs = materialized_specs(specs, materialized)
     uids = tuple(t.uid for t in inputs + outputs)
     clock.lap("describe")
     key = None
@@ -92,6 +95,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         except Exception as error:  # noqa: BLE001 -- built statically instead (below)
             cache_error = error
             graph, inputs, outputs, layout = describe({})  # the dynamic description is spent
+            layout = dataclasses.replace(layout, materialized=materialized)
             uids = tuple(t.uid for t in inputs + outputs)
             clock.lap("describe")
     if choice is None:
