@@ -4,8 +4,8 @@
 meaning (README.md's table is checked against it). A setting's value comes from, first
 to last: ``set(name, value)`` (or its named wrapper below), the environment variable
 (read at each use, so a launcher or a test may change it), the default. A per-graph
-option of ``register_graph`` (``tune=``, ``dynamic_shapes=``) wins over all three
-(``resolve``). Setters return the previous value.
+option of ``register_graph`` (``tune=``, ``dynamic_shapes=``, ``reference=``) wins over all
+three (``resolve``). Setters return the previous value.
 
 Environment values are parsed strictly: a boolean takes ``0/1/true/false/on/off`` in any
 case, and anything else raises at its first use with an error naming the variable, the
