@@ -43,6 +43,7 @@ from .tolerance import OutputCheck, check_output, rules_for
 __all__ = ["VerifyMismatch", "FirstExecution", "first_execution", "compare", "stats", "FLOAT64_ELEMENTS"]
 
 FLOAT64_ELEMENTS = 1 << 24
+_PREFILLED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 _lock = threading.Lock()
 _counts = collections.Counter()
@@ -110,7 +111,7 @@ def compare(name: str, layout: str, engine: str, described, got: Sequence[torch.
     packed = described.layout.tokens_like
     for i, (rule, g, e) in enumerate(zip(rules, got, expected)):
         mask = None if (packed and packed[i] >= 0) else defined(described, inputs, i, e)
-        if unwritten_allowed and g.is_floating_point():
+        if unwritten_allowed and g.dtype in _PREFILLED:
             written = ~(g.isnan() & ~e.to(g.device).isnan())
             mask = written if mask is None else mask & written
         checks.append(check_output(i, rule, g, e, mask))
@@ -146,9 +147,10 @@ class FirstExecution:
         self.described = description_for(graph_id, inputs, torch.device("cuda", built.device))
 
     def prefilled(self, outputs: List[torch.Tensor]) -> List[torch.Tensor]:
-        """Fresh outputs, floating ones filled with NaN (what the plan leaves unwritten stays NaN)."""
+        """Fresh outputs, the float16/bfloat16/float32/float64 ones filled with NaN (what the
+        plan leaves unwritten stays NaN; fp8, integer and boolean outputs are left as they are)."""
         for t in outputs:
-            if t.is_floating_point():
+            if t.dtype in _PREFILLED:
                 t.fill_(float("nan"))
         return outputs
 
