@@ -2,7 +2,9 @@
 
 * ``register_graph(builder, ...)``: a graph builder in, the int id
   ``torch.ops.cudnn_fe.execute`` takes out (``registry/``); ``Backward`` makes it
-  differentiable; ``execute`` / ``execute_out`` / ``execute_`` run it (``op/``).
+  differentiable; ``execute`` / ``execute_out`` / ``execute_`` run it (``op/``): on
+  CUDA tensors through cuDNN, on CPU tensors through the reference interpreter
+  (``interpreter/``), which ``execute_reference`` runs on any device.
 * ``current_handle(device)``: this thread's pooled ``cudnn.Handle`` for a device, on
   torch's current stream there (``pool.py``, ``csrc/pool``, ``csrc/context``);
   ``build_scope(device)``: build frontend graphs for a device (``build_scope.py``).
@@ -27,7 +29,7 @@ from .pool import PooledHandle, bind_context, current_handle, release_workspaces
 from .build_scope import build_scope  # noqa: E402
 from .registry import Backward, BackwardOperand, BackwardStep, OperandViews, Ragged, built_graphs, register_built_graph, register_graph  # noqa: E402
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
-from .op import execute, execute_, execute_out  # noqa: E402
+from .op import execute, execute_, execute_out, execute_reference  # noqa: E402
 from .frontend_ops import adopt_frontend_ops, restore_frontend_ops  # noqa: E402
 from . import stats  # noqa: E402
 from ._deprecated import deprecated_attribute  # noqa: E402
@@ -35,7 +37,7 @@ from ._deprecated import deprecated_attribute  # noqa: E402
 __all__ = [
     "__version__",
     "register_graph", "register_built_graph", "Backward", "BackwardOperand", "BackwardStep", "OperandViews", "Ragged",
-    "execute", "execute_out", "execute_", "built_graphs",
+    "execute", "execute_out", "execute_", "execute_reference", "built_graphs",
     "current_handle", "bind_context", "build_scope", "PooledHandle", "release_workspaces", "with_cuda",
     "adopt_frontend_ops", "restore_frontend_ops",
     "settings", "stats",

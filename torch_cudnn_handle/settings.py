@@ -4,8 +4,8 @@
 meaning (README.md's table is checked against it). A setting's value comes from, first
 to last: ``set(name, value)`` (or its named wrapper below), the environment variable
 (read at each use, so a launcher or a test may change it), the default. A per-graph
-option of ``register_graph`` (``tune=``, ``dynamic_shapes=``) wins over all three
-(``resolve``). Setters return the previous value.
+option of ``register_graph`` (``tune=``, ``dynamic_shapes=``, ``reference=``) wins over all
+three (``resolve``). Setters return the previous value.
 
 Environment values are parsed strictly: a boolean takes ``0/1/true/false/on/off`` in any
 case, and anything else raises at its first use with an error naming the variable, the
@@ -32,7 +32,7 @@ __all__ = [
     "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
     "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
     "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_background_builds", "set_attention_buckets",
-    "set_verify",
+    "set_verify", "set_reference_path",
 ]
 
 _TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
@@ -85,7 +85,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("attention_buckets", "TORCH_CUDNN_HANDLE_ATTENTION_BUCKETS", "bool", False,
             "nn.sdpa serves a new sequence length from one ragged plan per length bucket, with no build (Note [Length buckets])"),
     Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False,
-            "check each plan's first run at each layout against the torch interpreter"),
+            "check each plan's first run at each layout against the torch interpreter (synchronizes then)"),
+    Setting("reference_path", "TORCH_CUDNN_HANDLE_REFERENCE", "bool", False,
+            "run CUDA calls through the torch interpreter instead of cuDNN (debugging; graphs built from now on)"),
 )
 
 _BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -279,6 +281,9 @@ set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graph
 set_background_builds = _setter("background_builds", "Build new layouts off the caller's path, the torch interpreter serving their calls meanwhile")
 set_attention_buckets = _setter("attention_buckets", "Serve nn.sdpa's new lengths from one plan per length bucket")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
+set_reference_path = _setter(
+    "reference_path", "Run every CUDA call through the torch interpreter instead of cuDNN (graphs already built are dropped)"
+)
 
 
 def frontend_dumps_tensors() -> bool:

@@ -6,6 +6,7 @@
   * ``plan_store()``: the on-disk plan store (hits, misses, writes, rejected, write errors);
   * ``tuning()``: plan tuning (timings done, tuning-file hits and misses, the latest choices);
   * ``native_cuda_graphs()``: the native path's CUDA graphs (populated, captured, launched, failed, kept);
+  * ``verify()``: verify mode (first executions checked, mismatches, skipped by reason, seconds);
   * ``everything()``: all of them, by those names (``python -m torch_cudnn_handle --json`` prints it).
 
 Thread-safe: each subsystem counts under its own lock; the dicts are copies.
@@ -14,11 +15,12 @@ Thread-safe: each subsystem counts under its own lock; the dicts are copies.
 from __future__ import annotations
 
 from . import native, registry
+from .op import verify as verify_mode
 from .pool import pool_stats
 from .registry.plans import store
 from .registry.plans.tuning import tuning_stats
 
-__all__ = ["pool", "graphs", "plan_store", "tuning", "native_cuda_graphs", "everything"]
+__all__ = ["pool", "graphs", "plan_store", "tuning", "native_cuda_graphs", "verify", "everything"]
 
 
 def pool() -> dict:
@@ -41,5 +43,11 @@ def native_cuda_graphs() -> dict:
     return native.cuda_graph_stats()
 
 
+def verify() -> dict:
+    return verify_mode.stats()
+
+
 def everything() -> dict:
-    return dict(pool=pool(), graphs=graphs(), plan_store=plan_store(), tuning=tuning(), native_cuda_graphs=native_cuda_graphs())
+    return dict(
+        pool=pool(), graphs=graphs(), plan_store=plan_store(), tuning=tuning(), native_cuda_graphs=native_cuda_graphs(), verify=verify(),
+    )

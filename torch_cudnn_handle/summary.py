@@ -1,6 +1,6 @@
 """The main job's report in words: per subsystem, what it holds and did (the handle pool,
 the graphs and where they came from and run, the plan store, plan tuning, the native CUDA
-graphs), from ``stats.everything()`` and the settings now. ``--json`` prints the same
+graphs, verify mode), from ``stats.everything()`` and the settings now. ``--json`` prints the same
 dicts as they are."""
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def _handle_rows(pool: dict) -> list:
     return rows
 
 
-ROUTE_WORDS = {"static": "built", "kernel_cache": "built from a kernel cache (dynamic shapes)", "plan_store": "loaded from the plan store"}
+ROUTE_WORDS = {
+    "static": "built", "kernel_cache": "built from a kernel cache (dynamic shapes)", "plan_store": "loaded from the plan store",
+    "reference": "run on the torch interpreter instead (reference=True or the reference_path setting)",
+}
 
 
 def _graph_rows(graphs: dict) -> list:
@@ -97,6 +100,18 @@ def _cuda_graph_row(graphs: dict, active_only: bool) -> list:
     return [("native CUDA graphs", "on (a native call whose addresses repeat replays one): " + (counts or "none made yet"))]
 
 
+def _verify_row(verify: dict, active_only: bool) -> list:
+    counts = _counted([(verify["checked"], "first executions checked"), (verify["mismatches"], "wrong"),
+                       (sum(verify["skipped"].values()), "skipped")], none="")
+    if active_only and not counts:
+        return []
+    if not verify["enabled"]:
+        return [("verify", "off (TORCH_CUDNN_HANDLE_VERIFY=1 or settings.set_verify(True) checks each built graph's first run "
+                           "against the torch interpreter)" + (f"; {counts}" if counts else ""))]
+    return [("verify", f"on, each built graph's first run against the torch interpreter: {counts or 'nothing checked yet'}"
+                       + (f" in {verify['seconds']:.2f} s" if counts else ""))]
+
+
 def summary_rows(counts: dict, now: dict, active_only: bool = False) -> list:
     """(label, value) rows that say, per subsystem, what it holds and did, in words:
     the handle pool, the graphs (built or loaded, from where, on which path), the plan
@@ -108,4 +123,5 @@ def summary_rows(counts: dict, now: dict, active_only: bool = False) -> list:
         *_plan_store_row(counts["plan_store"], now, active_only),
         *_tuning_row(counts["tuning"], now, active_only),
         *_cuda_graph_row(counts["native_cuda_graphs"], active_only),
+        *_verify_row(counts["verify"], active_only),
     ]

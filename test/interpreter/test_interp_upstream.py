@@ -4,7 +4,7 @@ entry's own torch reference, within the entry's tolerances (and region).
 Each graph is described by the registry (``describe``), as the op describes a call: CPU
 inputs of one element are pass-by-value, all others ordinary operands. Outputs must have
 the described layout. Where an entry cannot be matched or its CPU reference is off, the
-entry is listed below with the reason.
+entry is listed in support/interpreter.py with the reason.
 """
 
 import pytest
@@ -12,35 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from support import upstream_graphs as ug
-from support.interpreter import describe_registered, same_layout
+from support.interpreter import CPU_REFERENCE, REFUSED, assert_matches_entry, describe_registered, same_layout
 from torch_cudnn_handle.interpreter import interpret_ordered
 
-# cuDNN draws this graph's dropout mask with its Philox RNG (seed and offset inputs); the
-# interpreter does not reproduce that stream, so it refuses the graph instead of guessing.
-REFUSED = {"sdpa_forward_dropout": r"attribute 'dropout'.*Philox"}
-
-
-def _layernorm_backward_float64(inputs):
-    """layernorm_backward's gradients in float64 from the same dY, X, scale: the entry's own
-    reference is torch's CPU float16 layer_norm backward, whose dScale/dBias sums are 2e-3
-    off the float64 sum (measured), ten times the entry's tolerance; the GPU's are not."""
-    dy, x, scale, _, _ = inputs
-    bias = torch.zeros_like(scale)
-    leaves = [t.double().requires_grad_() for t in (x, scale, bias)]
-    F.layer_norm(leaves[0], [x.shape[-1]], leaves[1].reshape(-1), leaves[2].reshape(-1), eps=1e-3).backward(dy.double())
-    return [t.grad.half() for t in leaves]
-
-
-CPU_REFERENCE = {"layernorm_backward": _layernorm_backward_float64}
-
-
-def _check(entry, got, expected, inputs):
-    got_region = ug.compare_region(entry, got, inputs)
-    expected_region = ug.compare_region(entry, [e if e is not None else g for e, g in zip(expected, got)], inputs)
-    for i, (g, e, (atol, rtol)) in enumerate(zip(got_region, expected_region, entry.tolerances)):
-        if expected[i] is None:
-            continue
-        torch.testing.assert_close(g.double(), e.double(), atol=atol, rtol=rtol, msg=lambda m: f"{entry.name} output {i}: {m}")
+# REFUSED (the graphs the interpreter refuses, with why) and CPU_REFERENCE (where an entry's
+# own CPU reference is off) live in support/interpreter.py, shared with test/op/test_cpu_kernel.py.
 
 
 @pytest.mark.parametrize("compute_dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -56,7 +32,7 @@ def test_upstream_graph_matches_its_reference(entry, compute_dtype):
     assert len(got) == len(outs) == len(entry.tolerances)
     for i, (g, desc) in enumerate(zip(got, outs)):
         assert same_layout(g, desc), f"{entry.name} output {i}: {list(g.shape)} {g.stride()} {g.dtype}, described {desc.dim} {desc.stride}"
-    _check(entry, got, CPU_REFERENCE.get(entry.name, entry.reference)(inputs), inputs)
+    assert_matches_entry(entry, got, CPU_REFERENCE.get(entry.name, entry.reference)(inputs), inputs)
 
 
 def test_layernorm_backwards_dx_matches_the_entrys_own_reference_too():

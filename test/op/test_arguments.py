@@ -95,12 +95,14 @@ def test_a_cuda_torch_that_sees_no_gpu_names_the_cause_and_the_fix():
     assert "Pass a CUDA device" not in message, message
 
 
-def test_cpu_inputs_are_refused_with_the_fix():
+def test_an_all_cpu_call_runs_on_the_interpreter_and_cpu_beside_another_device_is_refused():
     x, w, b = (t.cpu() for t in _meta_linear_inputs())
-    with pytest.raises(ValueError, match=r"input 0 of graph 'linear_relu' is on cpu.*\.to\('cuda:N'\)"):
-        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w, b])
-    with pytest.raises(ValueError, match="is on cpu"):
+    (y,) = torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w, b])  # the CPU kernel: the reference interpreter
+    assert (tuple(y.shape), y.dtype, y.device.type) == ((2, 16, 8), torch.float16, "cpu")
+    with pytest.raises(ValueError, match=r"out\[0\] of graph 'linear_relu' is float32\[2, 16, 8\].*but the graph writes float16"):
         torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [x, w, b], out=[torch.empty(2, 16, 8)])
+    with pytest.raises(ValueError, match=r"input 0 of graph 'linear_relu' is on cpu with 1024 elements.*host scalar.*\.to\('meta'\)"):
+        torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w.to("meta"), b.to("meta")])
 
 
 def _meta_linear_inputs():

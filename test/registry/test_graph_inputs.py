@@ -102,8 +102,11 @@ def test_a_cpu_tensor_that_is_not_a_scalar_is_refused_naming_it_and_the_rule():
     rule = r"input 2 of graph 'rmsnorm_eps' is on cpu with 4 elements, and a CPU input must be a host scalar \(a 0-dim or one-element CPU tensor"
     with pytest.raises(ValueError, match=rule):
         torch.ops.cudnn_fe.execute(RMSNORM, [x, scale, torch.zeros(4)])
-    with pytest.raises(ValueError, match=r"input 0 of graph 'rmsnorm_eps' is on cpu with 256 elements.*host scalar.*\.to\('cuda:N'\)"):
-        torch.ops.cudnn_fe.execute(RMSNORM, [torch.zeros(x.shape), torch.zeros(scale.shape), torch.tensor(1e-5)])
+    with pytest.raises(ValueError, match=r"input 0 of graph 'rmsnorm_eps' is on cpu with 256 elements.*host scalar.*\.to\('meta'\)"):
+        torch.ops.cudnn_fe.execute(RMSNORM, [torch.zeros(x.shape), scale, torch.tensor(1e-5)])
+    # All on the CPU (the scalar still a host scalar, passed by value): the reference interpreter runs it.
+    (y,) = torch.ops.cudnn_fe.execute(RMSNORM, [torch.ones(x.shape, dtype=x.dtype), torch.ones(scale.shape), torch.tensor(1e-5)])
+    assert y.device.type == "cpu" and y.shape == x.shape
     with FakeTensorMode():
         fx = torch.empty(4, 64, 1, 1, dtype=torch.float16, device="cuda")
         fscale = torch.empty(1, 64, 1, 1, dtype=torch.float32, device="cuda")

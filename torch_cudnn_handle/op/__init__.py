@@ -5,6 +5,11 @@ The schemas and the CUDA, autograd and in-place kernels are C++ (csrc/op). Here:
   * ``eager.py``: ``execute``, ``execute_out``, ``execute_``, the entries users call;
   * ``checks.py``: the one device rule, and what the op refuses;
   * ``python_path.py``: every CUDA call no native plan served (the C++ kernel sends it);
+  * ``reference.py``: the CPU kernels, on the reference interpreter, the CUDA calls sent
+    there where asked (``reference=True``, the ``reference_path`` setting), and
+    ``execute_reference``;
+  * ``verify.py``, ``tolerance.py``: verify mode (the ``verify`` setting): each built
+    graph's first execution checked against the interpreter;
   * ``fake.py``: the fake kernels (torch.compile, meta tensors, no GPU);
   * ``backward.py``: the autograd node's Python backward;
   * ``bool_operands.py``, ``overlap.py``: torch.bool operands, memory overlap.
@@ -19,16 +24,17 @@ from typing import List
 import torch
 
 from .. import _C
-from . import backward, fake, python_path
+from . import backward, fake, python_path, reference
 from .checks import call_device, refuse_off_gpu
 from .eager import execute, execute_, execute_out
+from .reference import execute_reference
 
-__all__ = ["execute", "execute_out", "execute_"]
+__all__ = ["execute", "execute_out", "execute_", "execute_reference"]
 
 
 def _refuse_off_gpu(graph: int, inputs: List[torch.Tensor], **_out):
-    """Every dispatch that reaches no CUDA kernel: CPU tensors, another backend, or no
-    tensor at all (the dispatcher's Undefined slot, which CompositeExplicitAutograd fills)."""
+    """Every dispatch that reaches neither the CUDA nor the CPU kernel: another backend, or
+    no tensor at all (the dispatcher's Undefined slot, which CompositeExplicitAutograd fills)."""
     call_device(graph, inputs)  # no input, only host scalars, several devices: named
     refuse_off_gpu(graph, inputs)
 
@@ -40,10 +46,12 @@ def _refuse_off_gpu_in_place(graph: int, inputs: List[torch.Tensor], written: Li
 _C._set_python_kernels(python_path.execute, python_path.execute_out, python_path.execute_in_place, backward.backward,
                        backward.run_declared_backward)
 _lib = torch.library.Library("cudnn_fe", "IMPL")
-for _key in ("CPU", "CompositeExplicitAutograd"):
-    _lib.impl("execute", _refuse_off_gpu, _key)
-    _lib.impl("execute.out", _refuse_off_gpu, _key)
-    _lib.impl("execute_", _refuse_off_gpu_in_place, _key)
+_lib.impl("execute", reference.cpu_execute, "CPU")
+_lib.impl("execute.out", reference.cpu_execute_out, "CPU")
+_lib.impl("execute_", reference.cpu_execute_in_place, "CPU")
+_lib.impl("execute", _refuse_off_gpu, "CompositeExplicitAutograd")
+_lib.impl("execute.out", _refuse_off_gpu, "CompositeExplicitAutograd")
+_lib.impl("execute_", _refuse_off_gpu_in_place, "CompositeExplicitAutograd")
 torch.library.register_fake("cudnn_fe::execute", fake.execute, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute.out", fake.execute_out, lib=_lib)
 torch.library.register_fake("cudnn_fe::execute_", fake.execute_in_place, lib=_lib)

@@ -21,6 +21,7 @@ from ..registry.specs import is_host_scalar
 from .checks import cuda_ordinal
 from .eager import execute
 from .python_path import built_for_call
+from .reference import description_for
 
 __all__ = ["backward", "run_declared_backward"]
 
@@ -65,10 +66,16 @@ def _run_backward_graph(forward, operands, num_inputs: int):
 
 def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     """Which builder output each of a graph's outputs is, for these operands' layouts.
-    Real tensors: the graph the call just ran was built for them, so its layout says
+    Real CUDA tensors: the graph the call just ran was built for them, so its layout says
     (describing the graph again would cost a new length a second description); fake or
     meta ones (a trace): the description's (cached by the registry per layout); which
-    builder output each is does not depend on sizes, so hints: no specialization."""
+    builder output each is does not depend on sizes, so hints: no specialization. Real CPU
+    tensors: the description the CPU kernel just ran (reference.py)."""
     if all((t.is_cuda or is_host_scalar(t)) and not is_fake(t) for t in operands):
-        return built_for_call(graph_id, operands, call=False).layout.output_positions  # a hit: execute() just built it
+        built = built_for_call(graph_id, operands, call=False, stand_in=True)  # a hit: execute() just built it
+        if built is not None:
+            return built.layout.output_positions
+        return description_for(graph_id, operands, operands[0].device).layout.output_positions  # building: the stand-in's
+    if all(t.is_cpu and not is_fake(t) for t in operands):  # the CPU kernel's kept description: a hit too
+        return description_for(graph_id, operands, operands[0].device).layout.output_positions
     return registry.layout(graph_id, symbolic.hint_specs(operands), cuda_ordinal(operands[0].device)).output_positions

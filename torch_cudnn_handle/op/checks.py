@@ -2,10 +2,11 @@
 
 ``call_device``: the one device of a call's inputs that are not host scalars (a host
 scalar is a one-element CPU tensor, passed to the graph by value; ragged offsets never
-are one). The same rule for real tensors (the CUDA kernel's Python path) and for fake and
-meta tensors (the fake kernel), so a trace refuses what a real call would: no input,
-inputs on several devices, a CPU tensor that is not a scalar beside device tensors, a
-0-dim device tensor. The C++ kernels leave every such error to it (csrc/op/cuda_kernels.cpp
+are one). The same rule for real tensors (the CUDA kernel's Python path, the CPU kernel)
+and for fake and meta tensors (the fake kernel), so a trace refuses what a real call
+would: no input, inputs on several devices, a CPU tensor that is not a scalar beside
+device tensors, a 0-dim device tensor. All on the CPU, a call runs on the reference
+interpreter (reference.py); on any other backend it is refused (``refuse_off_gpu``). The C++ kernels leave every such error to it (csrc/op/cuda_kernels.cpp
 binds the first CUDA input's device before the Python path runs, and this rule then
 checks the rest). Also here: ``execute.out``'s and ``execute_``'s layout and overlap checks,
 and the names of arguments pybind11 could not convert.
@@ -81,7 +82,8 @@ def call_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> torch.device:
     if not on_device:
         raise ValueError(
             f"cudnn_fe.execute: graph {graph_label(graph_id)} got no input tensors on a GPU, only host scalars; pass at "
-            "least one CUDA tensor"
+            "least one CUDA tensor (or a CPU tensor of more than one element: the call then runs on the CPU, through the "
+            "reference interpreter)"
         )
     devices = {t.device for _, t in on_device}
     if len(devices) == 1:
@@ -106,12 +108,13 @@ def call_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> torch.device:
 
 
 def refuse_off_gpu(graph_id: int, inputs: Sequence[torch.Tensor]) -> None:
-    """A call whose one device is not a GPU (the CPU kernel, another backend), named."""
+    """A call whose one device is neither a GPU nor the CPU (another backend), named."""
     i, tensor = _device_inputs(graph_id, inputs)[0]
     _refuse_misplaced_offsets(graph_id, i, tensor, "cuda")
     raise ValueError(
-        f"cudnn_fe.execute: input {i} of graph {graph_label(graph_id)} is on {tensor.device}{_host_scalar_rule(tensor)}; cuDNN "
-        "graphs run on CUDA tensors, all on one device. Move it with .to('cuda:N')."
+        f"cudnn_fe.execute: input {i} of graph {graph_label(graph_id)} is on {tensor.device}, and the op has no kernel for "
+        f"{tensor.device.type} tensors: cuDNN graphs run on CUDA tensors, and on CPU tensors through the reference "
+        "interpreter (torch ops), all on one device. Move it with .to('cuda:N') (or .cpu())."
     )
 
 

@@ -7,7 +7,10 @@ binding may hand the plan to the native path then, or at its second call: Note [
 native hand-over]), which then runs the call too; otherwise (graphs the native path
 cannot serve, a first call under ``second_call``) the frontend's ordered execute runs it,
 with outputs and workspace from torch's caching allocator on the current stream. Nothing
-here synchronizes or allocates outside torch, so a warm call is capturable.
+here synchronizes or allocates outside torch, so a warm call is capturable (verify mode,
+off by default, synchronizes at each built graph's first launch: verify.py). A graph
+registered ``reference=True`` (or every graph, under the ``reference_path`` setting) runs
+on the reference interpreter instead (reference.py): Note [The Python path's routes].
 
 Host scalars go in as they are: the frontend binds a CPU tensor's data_ptr, the host
 address cuDNN reads the value from when the plan executes (once, at capture, in a
@@ -23,21 +26,25 @@ import torch
 
 from .. import _C, registry
 from ..pool import current_handle
+from ..registry.broadcasts import materialize
+from ..registry.build import REFERENCE_ROUTE
 from ..registry.specs import TensorSpec
-from . import bool_operands
+from . import bool_operands, reference, verify
 from .checks import call_device, check_in_place, check_out, check_out_overlap, refuse_off_gpu
 
 __all__ = ["built_for_call", "execute", "execute_out", "execute_in_place"]
 
 
-def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: bool = False):
     """The graph built for these inputs; ``call``: the op runs it now (a pending native
-    hand-over happens first), else only its layout is wanted."""
+    hand-over happens first), else only its layout is wanted. ``stand_in``: the caller runs
+    the interpreter instead when the graph is building off the call's path (then None)."""
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
-    return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call)
+    return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
+                              stand_in=stand_in)
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,
@@ -82,69 +89,112 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
         bool_operands.unpack_outputs(outputs, launched_outputs)
 
 
-def _first_launch_timed(built, launch):
-    """``launch()``; a built graph's first launch is timed on the host into its
-    ``phase_seconds["first_execution"]`` (registry/build_timing.py)."""
-    if built.phase_seconds is None or "first_execution" in built.phase_seconds:
-        return launch()
+def _first_launch(built) -> bool:
+    """Whether the op's next launch of ``built`` is its first (timed, and verified in verify mode)."""
+    return built.phase_seconds is not None and "first_execution" not in built.phase_seconds
+
+
+def _timed(built, launch):
+    """``launch()``, timed on the host into the built graph's ``phase_seconds["first_execution"]``
+    (registry/build_timing.py)."""
     started = time.perf_counter()
     result = launch()
     registry.record_first_execution(built, time.perf_counter() - started)
     return result
 
 
+def _run_into(graph_id: int, built, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
+    """The call written into ``out``: the native plan, else the frontend (misaligned ``out`` staged)."""
+    if built.binding.run_out(graph_id, inputs, out):
+        return
+    staged = _aligned(out)
+    _launch(built, inputs, staged)
+    for target, written in zip(out, staged):
+        if written is not target:
+            target.copy_(written)
+
+
+# Note [The Python path's routes]: a built graph of the reference route (a graph the
+# interpreter runs: reference.py) runs there, and so does a call whose layout is still
+# building off the call's path (Note [Builds off the caller's path], graph_cache.py). Otherwise the inputs a pointwise graph
+# broadcasts are materialized first (Note [Pointwise broadcasts] in registry/broadcasts.py:
+# the graph, its native plan included, was built for them at full shape), and the graph's
+# first launch is timed and, in verify mode, checked (verify.py): launched into outputs
+# pre-filled with NaN, then compared with the interpreter's.
+
+
 def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    built = built_for_call(graph_id, inputs)
+    built = built_for_call(graph_id, inputs, stand_in=True)
+    if built is None or built.route == REFERENCE_ROUTE:
+        return reference.execute(graph_id, inputs)
+    operands = materialize(inputs, built.layout.materialized)
 
     def run():
-        outputs = built.binding.run(graph_id, inputs)  # native since this call's build or hand-over
+        outputs = built.binding.run(graph_id, operands)  # native since this call's build or hand-over
         if outputs is None:
-            outputs = _empty_outputs(built, inputs)
-            _launch(built, inputs, outputs)
+            outputs = _empty_outputs(built, operands)
+            _launch(built, operands, outputs)
         return outputs
 
-    return _first_launch_timed(built, run)
+    if not _first_launch(built):
+        return run()
+    check = verify.first_execution(graph_id, built, inputs)
+    if check is None:
+        return _timed(built, run)
+    outputs = check.prefilled(_empty_outputs(built, operands))
+    _timed(built, lambda: _run_into(graph_id, built, operands, outputs))
+    check.finish(outputs)
+    return outputs
 
 
 def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
-    built = built_for_call(graph_id, inputs)
+    built = built_for_call(graph_id, inputs, stand_in=True)
+    if built is None or built.route == REFERENCE_ROUTE:
+        return reference.execute_out(graph_id, inputs, out=out)
     check_out(graph_id, built.layout, out, torch.device("cuda", built.device), inputs)
     check_out_overlap(graph_id, inputs, out)
-
-    def run():
-        if built.binding.run_out(graph_id, inputs, out):
-            return
-        staged = _aligned(out)
-        _launch(built, inputs, staged)
-        for target, written in zip(out, staged):
-            if written is not target:
-                target.copy_(written)
-
-    _first_launch_timed(built, run)
+    operands = materialize(inputs, built.layout.materialized)
+    if not _first_launch(built):
+        return _run_into(graph_id, built, operands, out)
+    check = verify.first_execution(graph_id, built, inputs)
+    _timed(built, lambda: _run_into(graph_id, built, operands, out))
+    if check is not None:
+        check.finish(out, prefilled=False)
+    return None
 
 
 def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
     merged them). Returns the outputs not written in place."""
-    built = built_for_call(graph_id, inputs)
+    built = built_for_call(graph_id, inputs, stand_in=True)
+    if built is None or built.route == REFERENCE_ROUTE:
+        return reference.execute_in_place(graph_id, inputs)
     writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])
+    operands = materialize(inputs, built.layout.materialized)  # never a written input: it has its output's layout
 
     def run():
-        others = built.binding.run_in_place(graph_id, inputs)
+        others = built.binding.run_in_place(graph_id, operands)
         if others is not None:
             return others
-        outputs = _empty_outputs(built, inputs)
+        outputs = _empty_outputs(built, operands)
         others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
         # A misaligned written input is staged through one aligned copy, read and written
         # there (the same binding), then copied back. (A bool one is bit-packed by _launch,
         # read from the packed copy and unpacked into it.)
-        staged = _aligned(inputs)
+        staged = _aligned(operands)
         for output, input_ in writes:
             outputs[output] = staged[input_]
         _launch(built, staged, outputs)
         for _, input_ in writes:
-            if staged[input_] is not inputs[input_]:
-                inputs[input_].copy_(staged[input_])
+            if staged[input_] is not operands[input_]:
+                operands[input_].copy_(staged[input_])
         return others
 
-    return _first_launch_timed(built, run)
+    if not _first_launch(built):
+        return run()
+    check = verify.first_execution(graph_id, built, inputs, written=[input_ for _, input_ in writes])
+    others = _timed(built, run)
+    if check is not None:
+        written, rest = dict(writes), iter(others)
+        check.finish([inputs[written[o]] if o in written else next(rest) for o in range(len(built.layout.outputs))], prefilled=False)
+    return others

@@ -5,9 +5,9 @@ torch.compile, export and CUDA graphs on every torch version. An id names a
 ``Definition``; the registry turns a definition and a call's inputs into a built graph.
 One line of dependencies, each module importing only those before it:
 
-  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing
+  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing, broadcasts
   -> backward_operands -> backward -> definition -> describe -> symbolic
-  -> plans/ (store, stored_graphs, kernel_caches, tuning/) -> build -> graph_cache -> here
+  -> plans/ (store, stored_graphs, kernel_caches, tuning/) -> build -> pinned -> graph_cache -> here
 
 Here: the public functions on the one process-wide table of definitions and cache of
 built graphs, and the package-public ones the op (``torch_cudnn_handle.op``) and the
@@ -20,7 +20,6 @@ import atexit
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import cudnn
 import torch
 
 from .. import _C, settings
@@ -30,22 +29,42 @@ from .backward_operands import BackwardOperand, BackwardStep
 from .build import BuiltGraph
 from .data_types import GraphDataTypes
 from .definition import Definition, Definitions, check_arity
-from .graph_cache import EXIT_WAIT_SECONDS, GraphCache, check_pinned_specs
+from . import pinned
+from .graph_cache import EXIT_WAIT_SECONDS, GraphCache
 from .operand_views import OperandViews
 from .plans import kernel_caches
 from .ragged import Ragged
-from .specs import GraphLayout, TensorSpec, spec_of_cudnn_tensor
+from .specs import GraphLayout, TensorSpec
 
 __all__ = [
     "Backward", "BackwardOperand", "BackwardStep", "OperandViews", "Ragged", "TensorSpec", "GraphLayout", "BuiltGraph",
     "Definition", "register_graph", "register_built_graph", "graph_name", "built_graphs",
     # package-public: the op, the stats and the tests read these
-    "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "record_first_execution", "graph_stats",
+    "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "description", "wait_for_builds", "record_first_execution",
+    "graph_stats",
 ]
 
 _definitions = Definitions()
-_graph_cache = GraphCache(_definitions)
+_pinned = pinned.PinnedGraphs()
+_graph_cache = GraphCache(_definitions, _pinned)
 settings.watch("graph_cache_capacity", lambda _capacity: _graph_cache.evict_over_capacity())  # a smaller one evicts now
+
+
+def _follow_reference_path(on) -> None:
+    """The reference_path setting applies at once: switched on, every graph cuDNN built is
+    dropped (its native plan with it), switched off, every interpreter entry, but those
+    of graphs registered with ``reference=`` True or False, which the setting does not
+    move; each is then obtained again as the setting now says. (The environment variable
+    is read when a graph is built for a layout, as ``native_path`` is.)"""
+
+    def moves(graph_id: int, built: BuiltGraph) -> bool:
+        found = _definitions.find(graph_id)
+        return found is not None and found.reference is None and (built.route == "reference") != bool(on)
+
+    _graph_cache.evict_where(moves)
+
+
+settings.watch("reference_path", _follow_reference_path)
 
 
 @atexit.register
@@ -64,6 +83,7 @@ def _drop_built_graphs() -> None:
         return  # their threads still use the cache: leave it to the process's end
     _graph_cache.drop_built()
     describing.described_layout.cache_clear()
+    describing.described.cache_clear()
     kernel_caches.clear()
 
 
@@ -82,6 +102,7 @@ def register_graph(
     io_data_type: Any = None,
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
+    reference: Optional[bool] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -92,7 +113,8 @@ def register_graph(
     every call of the builder and are part of the definition: other parameters, another id.
 
     * Inputs: CUDA tensors on one device, and host scalars (a one-element CPU tensor,
-      ``torch.tensor(1e-5)``: a pass-by-value operand, read when the plan runs).
+      ``torch.tensor(1e-5)``: a pass-by-value operand, read when the plan runs). All on
+      the CPU, the call runs on the reference interpreter (op/reference.py).
     * ``backward``: a ``Backward`` (``Backward.graph``, ``.steps`` or ``.function``) makes
       the op differentiable (registry/backward.py).
     * ``io_data_type`` / ``intermediate_data_type`` / ``compute_data_type``: torch dtypes or
@@ -104,6 +126,10 @@ def register_graph(
     * ``tune``, ``dynamic_shapes``: per-graph choices over the settings of those names;
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
       when they do not simply follow input dims (registry/symbolic.py).
+    * ``reference=True``: CUDA calls run on the torch interpreter (``torch_cudnn_handle.
+      interpreter``) instead of cuDNN, never built, never native (debugging; its declared
+      backward graph too); ``False`` keeps cuDNN whatever the ``reference_path`` setting
+      says; None follows it. CPU calls always run on the interpreter.
 
     The guide (docs/registering-graphs.md) has each of these with an example. Builder
     parameters passed as keywords of their own (``register_graph(f, eps=1e-5)``) and the
@@ -125,7 +151,7 @@ def register_graph(
         builder, name=name, params=dict(params or {}), backward=from_keywords(name, backward, old), tune=tune,
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
-        dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place,
+        dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
     )
 
 
@@ -139,30 +165,9 @@ def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *
     """Register a ``cudnn.pygraph`` that is already built, with its input and output
     tensors in the op's order. It runs only on ``device`` and only for inputs of
     exactly the shapes, strides and dtypes it was built for."""
-    if not isinstance(graph, cudnn.pygraph):
-        raise TypeError(
-            f"register_built_graph: graph must be a cudnn.pygraph built with graph.build(...), got "
-            f"{type(graph).__name__}; to hand over a builder function, use register_graph(builder)"
-        )
-    try:
-        workspace_size = int(graph.get_workspace_size())
-    except RuntimeError as error:  # the frontend's "Call build() first"
-        raise ValueError(
-            f"register_built_graph: the cudnn.pygraph is not built ({error}); call graph.build([cudnn.heur_mode.A]) "
-            "first, or register_graph(builder) so the registry builds it per device"
-        ) from None
-    ordinal = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
-    if ordinal is None:
-        raise ValueError("register_built_graph: name the device the graph was built for, e.g. device='cuda:0'")
-    in_specs = tuple(spec_of_cudnn_tensor(t, f"input {i}") for i, t in enumerate(inputs))
-    out_specs = tuple(spec_of_cudnn_tensor(t, f"output {i}") for i, t in enumerate(outputs))
-    describing.refuse_low_rank(name or "register_built_graph", in_specs)  # Note [Tensors of fewer than 3 dims]
-    built = BuiltGraph(
-        graph=graph, device=ordinal, inputs=in_specs, layout=GraphLayout(out_specs, tuple(range(len(out_specs)))),
-        uids=tuple(t.uid for t in list(inputs) + list(outputs)), workspace_size=workspace_size,
-    )
+    built = pinned.built_graph_of(graph, inputs, outputs, device=device, name=name)
     graph_id = _definitions.add_built(name or "built_graph", len(in_specs))
-    _graph_cache.pin(graph_id, built)
+    _pinned.pin(graph_id, built)
     return graph_id
 
 
@@ -176,8 +181,8 @@ def built_graphs(graph_id: int) -> list:
     registered built graph's one); an unknown id raises."""
     definition = _definitions.get(graph_id)  # an unknown id is an error, not "nothing built yet"
     if definition.is_built:
-        pinned = _graph_cache.pinned(graph_id)
-        return [] if pinned is None else [pinned]
+        built = _pinned.get(graph_id)
+        return [] if built is None else [built]
     return _graph_cache.entries(graph_id)
 
 
@@ -217,11 +222,30 @@ def layout(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = N
     (lowered with ``device``'s pooled handle where there is a GPU)."""
     found = _definitions.get(graph_id)
     if found.is_built:
-        pinned = _graph_cache.pinned(graph_id)
-        check_pinned_specs(found, pinned, specs)
-        return pinned.layout
+        return _pinned.checked(found, specs).layout
     check_arity(found, len(specs))
     return describing.described_layout(found, found.call_specs(specs), device)
+
+
+def description(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = None) -> describing.Description:
+    """The description of a call of ``graph_id`` with inputs ``specs`` (kept per definition
+    and specs: describe.py ``described``), what the reference interpreter runs. A
+    registered built graph has none: its builder is not the registry's."""
+    found = _definitions.get(graph_id)
+    if found.is_built:
+        raise ValueError(
+            f"cudnn_fe.execute: graph {found.name!r} is a registered built graph (register_built_graph): it has no builder "
+            "to describe, so only cuDNN runs it, on the device it was built for; register its builder (register_graph) to run "
+            "it on the reference interpreter (CPU tensors, or the reference_path setting)"
+        )
+    check_arity(found, len(specs))
+    return describing.described(found, found.call_specs(specs), device)
+
+
+def wait_for_builds(timeout: float) -> int:
+    """Wait, at most ``timeout`` seconds, until no build is in flight (the build threads' of
+    Note [Builds off the caller's path] included); how many still are."""
+    return _graph_cache.wait_for_builds(timeout)
 
 
 def record_first_execution(built: BuiltGraph, seconds: float) -> None:

@@ -32,6 +32,8 @@ import torch
 from .. import _C, settings
 from ..build_scope import build_scope
 from ..native import HandOverSource, NativeBinding
+from . import describe as describing
+from .broadcasts import materialized_specs
 from .build_timing import PhaseClock
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
@@ -50,9 +52,9 @@ class BuiltGraph:
     ``first_execution`` and ``native_hand_over`` (under the graph cache's lock). Owned by
     the graph cache until evicted; a call running it holds its own reference."""
 
-    graph: Any  # cudnn.pygraph, built
+    graph: Any  # cudnn.pygraph, built (None: the reference route, which the interpreter runs)
     device: int
-    inputs: Tuple[TensorSpec, ...]
+    inputs: Tuple[TensorSpec, ...]  # what the graph reads (materialized inputs at their full shape)
     layout: GraphLayout
     uids: Tuple[int, ...]  # operand uids, inputs then outputs: the op's buffer order
     workspace_size: int
@@ -61,7 +63,7 @@ class BuiltGraph:
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[PlanChoice] = None  # what plans/tuning's build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
-    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "plan_store" (plans/)
+    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "plan_store" (plans/) | "reference" (not built)
     route_reason: str = ""  # why that route
     build_seconds: float = 0.0  # wall time to obtain it: the sum of phase_seconds but first_execution
     phase_seconds: Optional[dict] = None  # seconds by phase (build_timing.py), first_execution added by the op's first launch
@@ -91,12 +93,22 @@ class BuiltGraph:
         return self.binding.reason
 
 
+REFERENCE_ROUTE = "reference"
+
+
 def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *, deterministic: bool = False) -> BuiltGraph:
     """``definition`` built for ``device`` and input ``specs``; the native path's binding
-    made by the settings now (``native_path``, ``native_hand_over``)."""
+    made by the settings now (``native_path``, ``native_hand_over``). A graph the
+    interpreter runs (``reference=True``, the ``reference_path`` setting) is not built.
+    Inputs the op materializes (Note [Pointwise broadcasts]) are built for at their full
+    shape: ``BuiltGraph.inputs`` are the specs the graph reads."""
     clock = PhaseClock()
     with build_scope(device) as handle:
         clock.lap("scope")
+        if settings.resolve("reference_path", definition.reference):
+            layout = describing.described_layout(definition, specs, device)
+            clock.lap("describe")
+            return _reference_graph(definition, device, specs, layout, clock)
         try:
             obtained = obtain(definition, device, specs, handle, deterministic, clock)
         except Exception:
@@ -108,13 +120,14 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
+        call_specs, specs = specs, materialized_specs(specs, obtained.layout.materialized)  # what the graph reads
         layout = obtained.layout if obtained.route == "plan_store" else _built_layout(definition, specs, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or engine_of(graph)
         clock.lap("inspect")
     graph_views = None
     if definition.views is not None:
-        graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, specs))
+        graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, call_specs))
         graph_views += tuple((tuple(t.dim), tuple(t.stride)) for t in outputs)
     source = HandOverSource(
         graph, definition.graph_id, device, layout_lists(specs), layout_lists(layout.outputs), tuple(layout.output_positions), uids,
@@ -127,6 +140,21 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
     built = BuiltGraph(
         graph, device, specs, layout, uids, workspace, binding, engine, plan=choice.plan, tuning=choice, graph_views=graph_views,
         deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason, phase_seconds=clock.seconds,
+    )
+    built.build_seconds = sum(clock.seconds.values())
+    return built
+
+
+REFERENCE_REASON = "the torch interpreter runs it, never cuDNN (op/reference.py)"
+
+
+def _reference_graph(definition: Definition, device: int, specs, layout: GraphLayout, clock: PhaseClock) -> BuiltGraph:
+    """The graph cache's entry of a graph the interpreter runs on ``device``: no cuDNN
+    graph, no plan, never native; its layout is the description's."""
+    why = "reference=True" if definition.reference else "the reference_path setting"
+    built = BuiltGraph(
+        None, device, tuple(specs), layout, (), 0, NativeBinding("python", f"{REFERENCE_REASON}: {why}"), engine="reference",
+        route=REFERENCE_ROUTE, route_reason=why, phase_seconds=clock.seconds,
     )
     built.build_seconds = sum(clock.seconds.values())
     return built

@@ -12,6 +12,7 @@ builder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -20,6 +21,7 @@ import torch
 
 from .. import _C
 from ..pool import current_handle
+from .broadcasts import broadcast_inputs, materialized_specs
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
@@ -76,9 +78,23 @@ def returned_tensors(definition: Definition, result) -> list:
     return list(result)
 
 
-def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
+def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, *, as_written: bool = False, **graph_options) -> Description:
     """Run the definition's builder on a fresh graph description for ``specs``;
-    ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache)."""
+    ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache). In a
+    pointwise-only graph an input that broadcasts is described at its full shape, and the
+    layout names it (Note [Pointwise broadcasts] in broadcasts.py); ``as_written``: not
+    (the interpreter's own tests, which broadcast in the interpreter)."""
+    described = _describe_as_given(definition, specs, handle, **graph_options)
+    if as_written or definition.views is not None or definition.ragged is not None:
+        return described
+    plan = broadcast_inputs(described.graph, described.inputs, specs)
+    if not plan:
+        return described
+    described = _describe_as_given(definition, materialized_specs(specs, plan), handle, **graph_options)
+    return described._replace(layout=dataclasses.replace(described.layout, materialized=plan))
+
+
+def _describe_as_given(definition: Definition, specs: Sequence[TensorSpec], handle=None, **graph_options) -> Description:
     io, intermediate, compute = definition.data_types.for_call(definition.name, specs)
     graph = cudnn.pygraph(
         name=definition.name, io_data_type=io, intermediate_data_type=intermediate, compute_data_type=compute, handle=handle,
@@ -135,6 +151,15 @@ def described_layout(definition: Definition, specs: Tuple[TensorSpec, ...], devi
     return describe(definition, specs, describing_handle(device)).layout
 
 
+@functools.lru_cache(maxsize=1024)
+def described(definition: Definition, specs: Tuple[TensorSpec, ...], device: Optional[int]) -> Description:
+    """The description of a call of ``definition`` with ``specs``, kept: what the reference
+    interpreter runs (op/reference.py), so it describes a layout once, not per call; the
+    least recently used dropped first. Its pygraph is only read, never built, so threads
+    share it."""
+    return describe(definition, specs, describing_handle(device))
+
+
 def _run_builder(definition: Definition, graph, inputs):
     """The builder's result. A Python number where a node takes a tensor fails deep in the
     frontend ("'float' object has no attribute 'shape'"): said here, with the fix."""
@@ -180,10 +205,11 @@ _WIDE_FLOATS = {str(t) for t in (cudnn.data_type.HALF, cudnn.data_type.BFLOAT16,
 def refuse_mixed_matmul(graph_name: str, graph) -> None:
     """A matmul of two different 16/32-bit floating types (an fp16 A by an fp32 B): what cuDNN
     computes for it is not measured, and its output silently takes the graph's io type, so
-    the op refuses it at description time (a trace too) with the fix. fp8 mixes (e4m3 by
-    e5m2) and casts the builder writes (graph.identity) are not refused."""
+    the op refuses it at description time (a trace too) with the fix. Only the op's own
+    operands count (a virtual intermediate is computed in the graph's intermediate type);
+    fp8 mixes (e4m3 by e5m2) and casts the builder writes (graph.identity) are not refused."""
     described = graph.inspect()
-    types = {name: str(tensor.get("dtype")) for name, tensor in described.get("tensors", {}).items()}
+    types = {name: str(tensor.get("dtype")) for name, tensor in described.get("tensors", {}).items() if not tensor.get("is_virtual")}
     for node in described.get("nodes", ()):
         if node.get("type") != "MATMUL":
             continue

@@ -12,9 +12,8 @@
   * The native hand-over is the graph's ``NativeBinding`` (Note [The native hand-over]):
     this cache tells it when it is built (build.py), reused (a hit that reached Python)
     and evicted.
-  * Recency: one clock, CLOCK_MONOTONIC in nanoseconds. The Python path stamps an entry
-    at each hit (``time.monotonic_ns``); a native call never reaches Python, so eviction
-    also reads its plan's last run from the extension, which stamps it on the same clock.
+  * Recency: one clock, CLOCK_MONOTONIC ns: the Python path stamps each hit; eviction also
+    reads a native plan's last run from the extension, stamped on the same clock.
   * Note [Builds off the caller's path]: with the ``background_builds`` setting, a call the
     op can serve without cuDNN (the torch interpreter on the inputs' device) does not wait
     for its layout's first build: one of two build threads builds it, and calls at that
@@ -23,13 +22,10 @@
     build can start: warm up first). A failed background build is not retried there: the
     next call builds in its own path and raises the error. The stand-in's results agree
     with the plan's within the engines' numerics, not bitwise.
-  * Exit: the registry's exit hook waits, at most ``EXIT_WAIT_SECONDS``, for the builds in
-    flight (``wait_for_builds``) before the interpreter tears down: a daemon thread still
-    inside a cuDNN build when Python finalizes can crash the process (SIGSEGV, seen on the
-    H200), where one that finished its build only meets torch's own exit rules.
-  * Lifetimes: built graphs live until evicted (or dropped at exit). A call executing
-    one holds its own reference, and a CUDA graph that captured one keeps what it needs
-    alive (``_C.keep_alive_while_captured``), so eviction never breaks a call or a replay.
+  * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for the builds in flight: a
+    daemon thread inside a cuDNN build while Python finalizes can crash it (SIGSEGV, H200).
+  * Lifetimes: built graphs live until evicted (or dropped at exit); a call running one
+    holds a reference, and a capture keeps what it needs (``_C.keep_alive_while_captured``).
   * Thread safety: one lock guards every table; no build, description or user code runs
     under it.
 """
@@ -48,6 +44,7 @@ from .. import _C, settings
 from ..native import last_used_ns
 from .build import BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
+from .pinned import PinnedGraphs
 from .specs import TensorSpec
 
 __all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
@@ -65,27 +62,20 @@ class _Entry:
 class GraphCache:
     """See the module docstring."""
 
-    def __init__(self, definitions: Definitions):
+    def __init__(self, definitions: Definitions, pinned: Optional[PinnedGraphs] = None):
         self.definitions = definitions
+        self.pinned = pinned if pinned is not None else PinnedGraphs()  # registered built graphs (pinned.py)
         self._lock = threading.Lock()
         self._entries: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
-        self._pinned: Dict[int, BuiltGraph] = {}  # graph id -> its registered built graph
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
         self._foreground_only: set = set()  # keys whose background build failed: built in the caller's path
         self._builder: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0)
+        self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0, stand_in_calls=0)
         self._routes: "collections.Counter[str]" = collections.Counter()  # graphs obtained per route (plans/)
         self._plan_seconds = 0.0  # time spent obtaining them (BuiltGraph.build_seconds)
         self._phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py)
 
     # -- lookups -------------------------------------------------------------------
-
-    def pin(self, graph_id: int, built: BuiltGraph) -> None:
-        with self._lock:
-            self._pinned[graph_id] = built
-
-    def pinned(self, graph_id: int) -> Optional[BuiltGraph]:
-        return self._pinned.get(graph_id)
 
     def lookup(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False,
                *, call: bool = True, stand_in: bool = False) -> Optional[BuiltGraph]:
@@ -100,7 +90,7 @@ class GraphCache:
             return self._reused(built) if call else built
         definition = self.definitions.get(graph_id)
         if definition.is_built:
-            return self._pinned_for(definition, device, inputs)
+            return self.pinned.for_call(definition, device, inputs)
         specs = tuple(TensorSpec.of(t) for t in inputs)
         check_arity(definition, len(specs))
         if definition.ragged is not None:
@@ -135,7 +125,11 @@ class GraphCache:
         if entry is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
             return self._reused(entry.built) if call else entry.built
         if not owner:  # a concurrent first call: its build's result (or error), run as a first call
-            return None if stand_in and not future.done() else future.result()
+            if stand_in and not future.done():
+                with self._lock:
+                    self._counters["stand_in_calls"] += 1
+                return None
+            return future.result()
         try:
             if _capturing(device):
                 raise RuntimeError(
@@ -150,6 +144,7 @@ class GraphCache:
             self._background().submit(self._run_build, key, definition, device, specs, future, True)
             with self._lock:
                 self._counters["background_builds"] += 1
+                self._counters["stand_in_calls"] += 1
             return None
         return self._run_build(key, definition, device, specs, future)
 
@@ -162,7 +157,7 @@ class GraphCache:
             self._fail(key, future, error, background)
             raise
         with self._lock:
-            self._counters["builds"] += built.route != "plan_store"  # a load from the plan store is no build
+            self._counters["builds"] += built.route not in ("plan_store", "reference")  # a load, or the interpreter's entry: no build
             self._routes[built.route] += 1
             self._plan_seconds += built.build_seconds
             self._phase_seconds.update(built.phase_seconds or {})
@@ -195,18 +190,6 @@ class GraphCache:
                 self._counters["hand_overs"] += 1
                 built.phase_seconds["native_hand_over"] = built.phase_seconds.get("native_hand_over", 0.0) + seconds
                 self._phase_seconds["native_hand_over"] += seconds
-        return built
-
-    def _pinned_for(self, definition: Definition, device: int, inputs: Sequence[torch.Tensor]) -> BuiltGraph:
-        """A registered built graph runs only on its device and only for the inputs it was built for."""
-        built = self._pinned[definition.graph_id]
-        if device != built.device:
-            raise ValueError(
-                f"cudnn_fe.execute: graph {definition.name!r} was built for cuda:{built.device} but the inputs are on "
-                f"cuda:{device}; a built graph never runs on another device. Move the inputs, or register a builder "
-                "(register_graph) so the graph is built per device."
-            )
-        check_pinned_specs(definition, built, [TensorSpec.of(t) for t in inputs])
         return built
 
     def wait_for_builds(self, timeout: float) -> int:
@@ -253,6 +236,17 @@ class GraphCache:
         for built in evicted:  # outside the lock: forgetting a plan waits for the handles using it
             built.binding.on_evict()
 
+    def evict_where(self, predicate) -> int:
+        """Evict every built graph ``predicate(graph_id, built)`` holds for (its native
+        plan forgotten, as an LRU eviction does); returns how many."""
+        with self._lock:
+            keys = [key for key, entry in self._entries.items() if predicate(key[0], entry.built)]
+            evicted = [self._entries.pop(key).built for key in keys]
+            self._counters["evictions"] += len(evicted)
+        for built in evicted:  # outside the lock, as in evict_over_capacity
+            built.binding.on_evict()
+        return len(evicted)
+
     def entries(self, graph_id: Optional[int] = None) -> List[BuiltGraph]:
         """The cached BuiltGraphs (of ``graph_id``: one per device and input layout), least recently stamped first."""
         with self._lock:
@@ -263,7 +257,7 @@ class GraphCache:
         are left to the extension: this runs at exit (registry/__init__.py)."""
         with self._lock:
             self._entries.clear()
-            self._pinned.clear()
+        self.pinned.clear()
 
     def stats(self) -> dict:
         with self._lock:
@@ -280,17 +274,6 @@ class GraphCache:
                 routes=dict(self._routes),
                 plan_seconds=self._plan_seconds,
                 phase_seconds=dict(self._phase_seconds),
-            )
-
-
-def check_pinned_specs(definition: Definition, built: BuiltGraph, specs: Sequence[TensorSpec]) -> None:
-    check_arity(definition, len(specs))
-    for i, (got, expected) in enumerate(zip(specs, built.inputs)):
-        if got != expected:
-            raise ValueError(
-                f"cudnn_fe.execute: input {i} of graph {definition.name!r} is {got.describe()}, but the graph was built "
-                f"for {expected.describe()}. Pass a tensor of that layout (e.g. .contiguous() / .to(dtype)), or register "
-                "a builder (register_graph) so a graph is built for each layout."
             )
 
 

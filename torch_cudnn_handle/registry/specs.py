@@ -97,8 +97,8 @@ def is_host_scalar(tensor: torch.Tensor) -> bool:
 class GraphLayout:
     """What a call's outputs look like: their specs, for each output the position (in
     the builder's returned sequence) it came from (a builder may return None for a
-    slot: a backward builder does, for a forward input with no gradient), and which
-    layouts the builder declared."""
+    slot: a backward builder does, for a forward input with no gradient), which
+    layouts the builder declared, and which inputs the op materializes."""
 
     outputs: Tuple[TensorSpec, ...]
     output_positions: Tuple[int, ...]
@@ -109,6 +109,9 @@ class GraphLayout:
     # Per output, the op input whose token count a packed (ragged) output has, its
     # spec's first size being TOKENS; -1: not packed. Empty: none is (ragged.py).
     tokens_like: Tuple[int, ...] = ()
+    # (op input, full shape) of each input the op materializes at its full broadcast shape
+    # before the graph reads it (Note [Pointwise broadcasts] in broadcasts.py). Empty: none.
+    materialized: Tuple[Tuple[int, Tuple[int, ...]], ...] = ()
 
     def is_declared(self, index: int) -> bool:
         return not self.declared or self.declared[index]

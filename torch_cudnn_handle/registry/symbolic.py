@@ -20,6 +20,7 @@ moves both together and an output follows one symbol.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, List, Sequence, Tuple
 
 import torch
@@ -60,10 +61,14 @@ def hint_specs(tensors: Sequence[torch.Tensor]) -> Tuple[TensorSpec, ...]:
 
 
 def _specs_at(tensors: Sequence[torch.Tensor], values: dict) -> Tuple[TensorSpec, ...]:
-    return tuple(
-        TensorSpec(tuple(_at(n, values) for n in t.shape), tuple(_at(n, values) for n in t.stride()), t.dtype, is_host_scalar(t))
-        for t in tensors
-    )
+    specs = []
+    for t in tensors:
+        shape = tuple(_at(n, values) for n in t.shape)
+        # A host scalar, by the sizes here: is_host_scalar would compare a symbolic numel
+        # (a CPU tensor under dynamic shapes) through a guard. A symbol is never 0 or 1.
+        host = is_host_scalar(t) if not any(isinstance(n, torch.SymInt) for n in t.shape) else t.device.type == "cpu" and math.prod(shape) == 1
+        specs.append(TensorSpec(shape, tuple(_at(n, values) for n in t.stride()), t.dtype, host))
+    return tuple(specs)
 
 
 def output_layouts(

@@ -28,6 +28,7 @@ from typing import Any, Optional, Tuple
 import cudnn
 
 from .. import describe as describing
+from ..broadcasts import materialized_specs
 from ..build_timing import PhaseClock
 from ..specs import GraphLayout, TensorSpec, layout_lists
 from . import kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
@@ -50,7 +51,8 @@ class Obtained:
 
 def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock) -> Obtained:
     """The graph for ``specs``, loaded or built; ``clock`` gets each phase's seconds
-    (build_timing.py)."""
+    (build_timing.py). Inputs the description materializes (``layout.materialized``) are
+    keyed and timed at their full shape."""
     dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
@@ -62,6 +64,10 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         return described
 
     graph, inputs, outputs, layout = describe(options)
+    # What the graph reads (Note [Pointwise broadcasts]): the closure above describes these
+    # from now on, at full shape, so a later description says nothing of the plan: kept here.
+    materialized = layout.materialized
+    specs = materialized_specs(specs, materialized)
     uids = tuple(t.uid for t in inputs + outputs)
     clock.lap("describe")
     key = None
@@ -89,6 +95,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
         except Exception as error:  # noqa: BLE001 -- built statically instead (below)
             cache_error = error
             graph, inputs, outputs, layout = describe({})  # the dynamic description is spent
+            layout = dataclasses.replace(layout, materialized=materialized)
             uids = tuple(t.uid for t in inputs + outputs)
             clock.lap("describe")
     if choice is None:
