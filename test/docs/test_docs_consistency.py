@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
 import pytest
 from support import markdown
 from support.paths import REPO
 
+import torch_cudnn_handle as tch
 from torch_cudnn_handle import settings
 
 README_LINES = 250
@@ -81,3 +83,21 @@ def test_readme_links_every_docs_page():
     pages = [page for page in markdown.documents() if page.startswith("docs/")]
     assert pages, "docs/ has no pages"
     assert not [page for page in pages if page not in linked], "docs pages README.md does not link"
+
+
+def test_the_old_names_the_docs_list_warn_at_the_callers_line():
+    """docs/settings.md and docs/registering-graphs.md promise that an earlier release's
+    name still works, with a DeprecationWarning. Python shows one by default only when it
+    names the caller's own line (in a script, its module ``__main__``), so each must: here
+    each call is a script line of its own, ``caller.py``."""
+    calls = [
+        "tch.register_graph(lambda g, x: g.relu(x), backward=lambda g, dy, x: [g.relu_backward(dy, x)])",
+        "tch.register_graph(lambda g, x, *, k: g.relu(x), k=1)",
+        "tch.pool_stats()",
+    ]
+    for call in calls:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(call, "caller.py", "exec"), {"tch": tch})
+        deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert deprecations and all(w.filename == "caller.py" for w in deprecations), (call, [(w.filename, str(w.message)) for w in caught])
