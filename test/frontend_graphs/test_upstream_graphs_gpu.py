@@ -10,7 +10,7 @@ reason, so the run lists exactly which upstream graphs run as written. Each test
 path (native or Python) and engine that served it.
 
 ``python test/frontend_graphs/test_upstream_graphs_gpu.py --table`` runs every graph and prints a markdown table
-per family for the README.
+per family, as docs/testing.md shows it.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_upstream_graph(entry):
 
 
 # ---------------------------------------------------------------------------------------
-# The README table
+# The table of docs/testing.md
 
 
 def _short(error: BaseException) -> str:

@@ -265,6 +265,6 @@ def from_keywords(name: str, backward, old: Mapping[str, Any]) -> Optional[Backw
     warnings.warn(
         f"register_graph({name!r}): backward={'builder' if callable(backward) else '...'} with "
         f"{', '.join(sorted(old)) or 'no other options'} is deprecated; pass backward={new}",
-        DeprecationWarning, stacklevel=4,
+        DeprecationWarning, stacklevel=3,  # from_keywords -> register_graph -> its caller
     )
     return made
