@@ -13,16 +13,9 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+from ..registry.output_strides import row_major
+
 __all__ = ["row_major", "like_layout", "declare", "split_heads", "merge_heads"]
-
-
-def row_major(dim: Sequence[int]) -> List[int]:
-    """Packed strides of ``dim``, last dimension innermost."""
-    stride, acc = [0] * len(dim), 1
-    for i in range(len(dim) - 1, -1, -1):
-        stride[i] = acc
-        acc *= max(int(dim[i]), 1)
-    return stride
 
 
 def like_layout(dim: Sequence[int], like_stride: Sequence[int]) -> List[int]:

@@ -48,19 +48,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .output_strides import row_major
 from .specs import TensorSpec
 
-__all__ = ["Materialized", "broadcast_inputs", "materialized_specs", "materialize", "row_major"]
+__all__ = ["Materialized", "broadcast_inputs", "materialized_specs", "materialize"]
 
 Materialized = Tuple[Tuple[int, Tuple[int, ...]], ...]  # (op input, the full shape it is described and bound at)
-
-
-def row_major(shape: Sequence[int]) -> Tuple[int, ...]:
-    stride, step = [0] * len(shape), 1
-    for i in range(len(shape) - 1, -1, -1):
-        stride[i] = step
-        step *= max(int(shape[i]), 1)
-    return tuple(stride)
 
 
 def _kind(node) -> str:
@@ -103,7 +96,7 @@ def materialized_specs(specs: Sequence[TensorSpec], plan: Materialized) -> Tuple
     """``specs`` with each materialized input at its full shape, row-major."""
     out = list(specs)
     for i, shape in plan:
-        out[i] = TensorSpec(tuple(shape), row_major(shape), specs[i].dtype, False)
+        out[i] = TensorSpec(tuple(shape), tuple(row_major(shape)), specs[i].dtype, False)
     return tuple(out)
 
 

@@ -51,6 +51,11 @@ def dense_strides(dims: Sequence[int], order: Sequence[int]) -> List[int]:
     return strides
 
 
+def row_major(dims: Sequence[int]) -> List[int]:
+    """Packed strides of ``dims``, the last dimension innermost (a size-0 dim counted as 1)."""
+    return dense_strides([max(int(d), 1) for d in dims], [len(dims) - 1 - i for i in range(len(dims))])
+
+
 def channels_last_order(ndim: int) -> List[int]:
     """The stride order of channels-last (NHWC, NDHWC): channels fastest, then the
     spatial dims innermost first, the batch slowest."""
