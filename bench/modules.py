@@ -23,7 +23,7 @@ interleaved; a forced sdpa backend is entered around a timed block, not per step
 ``iters`` is chosen per (module, size, mode) so a block takes about ``--target-ms``.
 
 The library's plan choice follows the environment: ``TORCH_CUDNN_HANDLE_TUNE=1``
-(with ``TORCH_CUDNN_HANDLE_TUNING_CACHE``) is the tuned run; ``bench/report.py`` runs
+(with ``TORCH_CUDNN_HANDLE_TUNING_FILE``) is the tuned run; ``bench/report.py`` runs
 this script twice, untuned and tuned, each with its own baselines measured in its own
 process. The JSON is rewritten after every (module, size), so a run that dies keeps
 what it measured. Nothing here asserts a time.
@@ -45,7 +45,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)  # timing
 
 TUNE_ENV = "TORCH_CUDNN_HANDLE_TUNE"
-TUNING_CACHE_ENV = "TORCH_CUDNN_HANDLE_TUNING_CACHE"
+TUNING_FILE_ENV = "TORCH_CUDNN_HANDLE_TUNING_FILE"
 SDPA_PYTHON_ENV = "TORCH_CUDNN_SDPA_USE_PYTHON"  # the frontend's switch that serves torch's cuDNN SDPA from its Python API
 
 MODULES = ("sdpa", "rmsnorm", "linear_gelu", "linear_relu", "block")
@@ -428,7 +428,7 @@ def run(keys, sizes, modes, *, quick: bool, rounds: int, target_ms: float, allow
     result = dict(
         run=run_label(tuned),
         tuned=tuned,
-        env={name: os.environ.get(name) for name in (TUNE_ENV, TUNING_CACHE_ENV, "TORCH_CUDNN_HANDLE_NATIVE", SDPA_PYTHON_ENV)},
+        env={name: os.environ.get(name) for name in (TUNE_ENV, TUNING_FILE_ENV, "TORCH_CUDNN_HANDLE_NATIVE", SDPA_PYTHON_ENV)},
         torch=torch.__version__,
         gpu=torch.cuda.get_device_name(0),
         rows=[],

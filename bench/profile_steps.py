@@ -594,7 +594,7 @@ def main(argv=None) -> int:
         out.say(f"# profile_steps: torch {torch.__version__}, cuDNN {cudnn.backend_version_string()}, frontend {cudnn.__version__}, "
                 f"{torch.cuda.get_device_name(0)}")
         out.say("env: " + ", ".join(f"{name}={os.environ.get(name)!r}" for name in
-                                     ("TORCH_CUDNN_HANDLE_TUNE", "TORCH_CUDNN_HANDLE_TUNING_CACHE", "TORCH_CUDNN_HANDLE_NATIVE",
+                                     ("TORCH_CUDNN_HANDLE_TUNE", "TORCH_CUDNN_HANDLE_TUNING_FILE", "TORCH_CUDNN_HANDLE_NATIVE",
                                       "TORCH_CUDNN_SDPA_USE_PYTHON"))
                 + f"; extension with CUDA: {tch.with_cuda}")
         sdpa_state = section_sdpa(out, args) if "1" in sections or "4" in sections else None

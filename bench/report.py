@@ -25,7 +25,7 @@ differ by up to 60%):
    sizes, fwd and fwd+bwd, against torch's alternatives and the frontend's own torch
    ops, ratio library / fastest alternative. It runs twice, each time in its own
    process with its own baselines: untuned, then with ``TORCH_CUDNN_HANDLE_TUNE=1``
-   and ``TORCH_CUDNN_HANDLE_TUNING_CACHE`` set to a temporary file (``--runs`` picks
+   and ``TORCH_CUDNN_HANDLE_TUNING_FILE`` set to a temporary file (``--runs`` picks
    which).
 
 ``--update`` measures the given sections into an existing ``report.json`` under
@@ -174,7 +174,7 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
     returns (all rows, {run: how it ran})."""
     import torch
 
-    from modules import SIZES, TUNE_ENV, TUNING_CACHE_ENV
+    from modules import SIZES, TUNE_ENV, TUNING_FILE_ENV
 
     torch.cuda.empty_cache()  # leave the GPU's memory to the child
     rows: List[dict] = []
@@ -184,14 +184,15 @@ def module_table(quick: bool, runs_wanted: Tuple[str, ...], sizes: Optional[List
             label = "tuned" if tuned else "untuned"
             env = dict(os.environ)
             env.pop(TUNE_ENV, None)
-            env.pop(TUNING_CACHE_ENV, None)
+            env.pop(TUNING_FILE_ENV, None)
+            env.pop("TORCH_CUDNN_HANDLE_TUNING_CACHE", None)  # its deprecated spelling
             if tuned:
                 env[TUNE_ENV] = "1"
-                env[TUNING_CACHE_ENV] = os.path.join(tmp, "plan_tuning.json")  # not created here: the library writes it
+                env[TUNING_FILE_ENV] = os.path.join(tmp, "plan_tuning.json")  # not created here: the library writes it
             path = os.path.join(tmp, f"modules_{label}.json")
             command = [sys.executable, os.path.join(HERE, "modules.py"), "--json", path] + (["--quick"] if quick else [])
             command += ["--sizes", ",".join(sizes)] if sizes else []
-            settings = {name: env.get(name) for name in (TUNE_ENV, TUNING_CACHE_ENV)}
+            settings = {name: env.get(name) for name in (TUNE_ENV, TUNING_FILE_ENV)}
             print(f"\n## modules.py, {label} ({', '.join(f'{k}={v}' for k, v in settings.items())})", flush=True)
             began = time.perf_counter()
             try:
@@ -403,7 +404,7 @@ def _markdown_module_table(data: dict) -> List[str]:
         "`cudnn.ops.norm.rms_norm`). fwd is the forward of a training step (inputs require grad); fwd+bwd adds "
         "`.backward(dy)`. Ratio = library / fastest alternative (< 1: the library is faster). Each run is its own "
         "process with its own baselines: *untuned* is the library's default plan choice, *tuned* runs with "
-        f"`{modules.TUNE_ENV}=1` (and `{modules.TUNING_CACHE_ENV}` set to a temporary file).",
+        f"`{modules.TUNE_ENV}=1` (and `{modules.TUNING_FILE_ENV}` set to a temporary file).",
     ]
     present = [run for run in RUNS if any(r.get("run") == run for r in rows)]
     present += sorted({r.get("run") for r in rows if r.get("run") not in RUNS})

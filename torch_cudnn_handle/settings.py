@@ -15,8 +15,9 @@ Deprecated spellings of a variable (``old_variables``) still work for one releas
 DeprecationWarning naming the new one.
 
 Thread safety: ``set`` is atomic; a reader sees the old value or the new one. Build-time
-variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``TORCH_CUDNN_HANDLE_WITH_CUDA``) are setup.py's:
-the package never reads them.
+variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``MAX_JOBS``, ``CUDNN_INCLUDE_DIR``) are setup.py's:
+the package never reads them. (``TORCH_CUDNN_HANDLE_WITH_CUDA`` is no variable: it is the
+C++ macro setup.py defines when the installed torch has CUDA.)
 """
 
 from __future__ import annotations

@@ -26,6 +26,17 @@ namespace {
 
 namespace functional = at::functionalization::impl;
 
+// The builder-order index of inputs[i], the i-th of the inputs execute_ does not write
+// (the schema passes the written ones apart: GraphRecord::merge_inputs).
+int64_t builder_index(const GraphRecord& record, size_t i) {
+  size_t seen = 0;
+  for (int64_t position = 0;; ++position) {
+    bool writes = false;
+    for (const auto& entry : record.in_place) writes = writes || entry.input == position;
+    if (!writes && seen++ == i) return position;
+  }
+}
+
 void refuse_gradients(const GraphRecord& record, at::TensorList inputs, at::TensorList written) {
   for (size_t w = 0; w < written.size(); ++w) {
     if (!written[w].requires_grad()) continue;
@@ -39,10 +50,10 @@ void refuse_gradients(const GraphRecord& record, at::TensorList inputs, at::Tens
                 "writes in place as new tensors), or call execute_ under torch.no_grad().");
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(!inputs[i].requires_grad(), "cudnn_fe.execute_: inputs[", i, "] requires grad, and execute_ has no "
-                "gradient. Differentiate torch.ops.cudnn_fe.execute instead (functional: it returns the outputs execute_ "
-                "writes in place as new tensors; copy those into the inputs under torch.no_grad()), or call execute_ "
-                "under torch.no_grad().");
+    TORCH_CHECK(!inputs[i].requires_grad(), "cudnn_fe.execute_: input ", builder_index(record, i), " requires grad, and "
+                "execute_ has no gradient. Differentiate torch.ops.cudnn_fe.execute instead (functional: it returns the "
+                "outputs execute_ writes in place as new tensors; copy those into the inputs under torch.no_grad()), or "
+                "call execute_ under torch.no_grad().");
   }
 }
 

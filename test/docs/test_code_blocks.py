@@ -4,8 +4,9 @@ How a block is marked (its info string, after the three backticks):
 
 * ```python: runs as it is, in a fresh interpreter of its own (a subprocess), here on a
   CPU too. Such blocks pick their device themselves (``"cuda" if torch.cuda.is_available()
-  else "meta"``: on ``meta`` the op computes shapes, strides and dtypes, nothing else), so
-  on a GPU machine the same block runs for real.
+  else "cpu"``: on CPU tensors the op runs the graph through its reference interpreter, so
+  a block checks real numbers here too), and on a GPU machine the same block runs on cuDNN.
+  A few run on ``meta`` tensors (shapes, strides and dtypes only) or on none.
 * ```python gpu: needs a CUDA GPU; ``gpu two_gpus``, two; ``gpu dsl``, the CuTe DSL as
   well. The words are the suite's markers (pyproject.toml), so test/conftest.py's one
   skip rule skips these where that is missing, and the GPU suite runs them.
@@ -18,9 +19,6 @@ variables (TORCH_CUDNN_HANDLE_*) unset but for the plan store's directory and th
 file, which point into that directory, so a block sees the defaults a user has and never
 writes into the home directory. A DeprecationWarning raised by the block's own code is an
 error: the documentation uses today's names.
-
-The blocks that run on ``meta`` today could run on CPU tensors once the op has a CPU
-kernel: each says ``else "meta"`` where it picks its device.
 """
 
 from __future__ import annotations

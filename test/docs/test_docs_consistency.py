@@ -1,5 +1,6 @@
 """README.md and docs/ against the code: the README's size and what it may point at, the
-settings tables against ``settings.SETTINGS``, and every link resolving."""
+settings tables against ``settings.SETTINGS``, architecture.md's Notes against the Notes
+the code defines, and every link resolving."""
 
 from __future__ import annotations
 
@@ -101,3 +102,31 @@ def test_the_old_names_the_docs_list_warn_at_the_callers_line():
             exec(compile(call, "caller.py", "exec"), {"tch": tch})
         deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
         assert deprecations and all(w.filename == "caller.py" for w in deprecations), (call, [(w.filename, str(w.message)) for w in caught])
+
+
+NOTE_DEFINITION = re.compile(r"Note \[([^\]]+)\](?::|$)")  # "Note [Name]: ..." or a C++ "// Note [Name]" line
+
+
+def _notes_in_the_code() -> dict:
+    """{Note name: the files that define it}: a definition opens its explanation with a colon,
+    or stands alone on its comment line (a citation runs on: "(Note [Name] in file.py)")."""
+    found = {}
+    for top in ("torch_cudnn_handle", "csrc"):
+        for folder, _, files in os.walk(os.path.join(REPO, top)):
+            for file in files:
+                if file.endswith((".py", ".cpp", ".h")):
+                    path = os.path.join(folder, file)
+                    with open(path, encoding="utf-8") as source:
+                        for line in source:
+                            for name in NOTE_DEFINITION.findall(line.rstrip()):
+                                found.setdefault(name, set()).add(os.path.relpath(path, REPO))
+    return found
+
+
+def test_architecture_lists_every_note_where_it_is():
+    rows = next(rows for rows in markdown.tables("docs/architecture.md") if rows and "note" in rows[0])
+    listed = {row["note"].strip("[]"): row["where"] for row in rows}
+    in_code = _notes_in_the_code()
+    assert set(listed) == set(in_code), f"Notes in the code, not listed: {sorted(set(in_code) - set(listed))}; listed, not in the code: {sorted(set(listed) - set(in_code))}"
+    misplaced = {name: (where, sorted(in_code[name])) for name, where in listed.items() if where not in in_code[name]}
+    assert not misplaced, misplaced

@@ -62,8 +62,10 @@ def test_gradients_match_torch_and_padding_never_reaches_them(causal):
         torch.testing.assert_close(grad.float(), want, atol=3e-2, rtol=3e-2, msg=f"d{name}")
 
 
-def test_a_layout_that_is_not_token_major_is_copied_and_right():
-    q, k, v = _qkv(2, 2, 50, 16, token_major=False)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_layout_that_is_not_token_major_is_copied_and_right(batch):
+    """Batch 1 too: there a reshape of the head-major layout is a view, not the token-major copy."""
+    q, k, v = _qkv(batch, 2, 50, 16, token_major=False)
     torch.testing.assert_close(sdpa(q, k, v, True).float(), F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True),
                                atol=2e-2, rtol=2e-2)
 

@@ -264,6 +264,21 @@ def test_register_built_graph_wants_a_built_pygraph():
         tch.register_built_graph(graph, [x], [y], device="cuda:0")
 
 
+def test_register_built_graph_pins_what_it_was_given(monkeypatch):
+    """The id's arity is the built graph's input count (a GPU builds the graph; here a stand-in)."""
+    from torch_cudnn_handle.registry import pinned
+    from torch_cudnn_handle.registry.build import BuiltGraph
+    from torch_cudnn_handle.registry.specs import GraphLayout, TensorSpec
+
+    spec = TensorSpec((1, 8, 8), (64, 8, 1), torch.float16)
+    built = BuiltGraph(graph=None, device=0, inputs=(spec, spec), layout=GraphLayout((spec,), (0,)), uids=(1, 2, 3), workspace_size=0)
+    monkeypatch.setattr(pinned, "built_graph_of", lambda *args, **kwargs: built)
+    graph_id = tch.register_built_graph(object(), [None, None], [None], device="cuda:0", name="stand_in_built")
+    assert tch.built_graphs(graph_id) == [built]
+    with pytest.raises(ValueError, match="graph 'stand_in_built' takes 2 input tensors, got 1"):
+        tch.execute(graph_id, [torch.empty(1, 8, 8, device="meta", dtype=torch.float16)])
+
+
 # -- errors a newcomer meets at description time (the fake kernel's, so without a GPU too) --
 
 

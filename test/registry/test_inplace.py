@@ -232,8 +232,15 @@ def test_a_written_non_leaf_that_requires_grad_is_refused():
 
 
 def test_another_input_that_requires_grad_is_refused():
-    with pytest.raises(RuntimeError, match=r"inputs\[0\] requires grad, and execute_ has no gradient"):
+    """The message names the input by its index in the builder's order (input 1 here: x, beside
+    the written total), not by its place among the inputs execute_ does not write."""
+    with pytest.raises(RuntimeError, match=r"input 1 requires grad, and execute_ has no gradient"):
         tch.execute_(ACCUMULATE, [meta(1, 4, 8), meta(1, 4, 8, requires_grad=True)])
+    into_second = tch.register_graph(lambda g, x, acc: g.add(a=acc, b=x), name="accumulate_into_input_1", in_place={0: 1})
+    with pytest.raises(RuntimeError, match=r"input 0 requires grad, and execute_ has no gradient"):
+        tch.execute_(into_second, [meta(1, 4, 8, requires_grad=True), meta(1, 4, 8)])
+    with pytest.raises(RuntimeError, match=r"input 2 requires grad, and execute_ has no gradient"):
+        tch.execute_(ADD_AND_SCALE, [meta(1, 4, 8), meta(1, 4, 8), torch.ones(1, 4, 8, device="meta", requires_grad=True)])
 
 
 def test_no_grad_lets_it_run():

@@ -6,10 +6,11 @@ A token-major ``[B, S, H, D]`` buffer -- what ``Attention``'s projections give, 
 ``[B, H, S, D]`` through ``split_heads`` -- is also the packed ``[T, H, D]`` buffer of B
 sequences of S tokens, which cuDNN takes as a ragged tensor: ragged offsets ``b * S * H * D``,
 sequence lengths S, and a descriptor of ``max_seq_len`` tokens per sequence. Its graph
-depends on ``max_seq_len`` only (registry/ragged.py: T is in no key), so one graph (one
-build, one native plan) per ``(causal, bucket)`` serves every length S up to the bucket,
-for any B, with no copy and no padded position computed: the sequence lengths mask the
-rest. Inputs in another dimension order are copied into token-major order first.
+depends on ``max_seq_len`` and B, not on S (registry/ragged.py: T is in no key; B is the
+offsets' length), so one graph per ``(causal, bucket)``, one build and native plan per
+batch size, serves every length S up to the bucket, with no copy and no padded position
+computed: the sequence lengths mask the rest. Inputs in another dimension order are
+copied into token-major order first.
 
 The buckets are powers of two from ``MIN_BUCKET`` (``bucket_of``): a new length costs a
 build only when it opens a new bucket (about 6 for lengths up to 4096). Results for a
@@ -121,9 +122,10 @@ def _lengths_and_offsets(batch: int, length: int, heads: int, head_dim: int, dev
 
 
 def _token_major(t: torch.Tensor) -> torch.Tensor:
-    """``[B, H, S, D]`` as its packed ``[B*S, H, D]`` buffer: a view when token-major (BSHD), else a copy."""
+    """``[B, H, S, D]`` as its packed ``[B*S, H, D]`` buffer: a view when token-major (BSHD), else a copy.
+    (``contiguous`` first: with B = 1, ``reshape`` alone would give a head-major view, not a copy.)"""
     b, h, s, d = t.shape
-    return t.transpose(1, 2).reshape(b * s, h, d)
+    return t.transpose(1, 2).contiguous().view(b * s, h, d)
 
 
 def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, training: bool) -> torch.Tensor:

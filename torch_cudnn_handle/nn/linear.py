@@ -6,7 +6,7 @@ frontend's matmul takes 3-D ``[batch, M, K] @ [batch, K, N]`` tensors, and one
 ``[1, B*M, K] @ [1, K, N]`` product is the same GEMM torch's ``linear`` runs, with
 no question of whether a batch-1 weight broadcasts over a batch of inputs.
 
-Backward (``backward_steps``, declared): cuDNN fuses one matmul per graph, so it is
+Backward (``Backward.steps``, declared): cuDNN fuses one matmul per graph, so it is
 up to three small graphs and a torch sum, which the op's autograd node runs as one
 node in C++ (no Python per step):
 

@@ -166,7 +166,7 @@ def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *
     tensors in the op's order. It runs only on ``device`` and only for inputs of
     exactly the shapes, strides and dtypes it was built for."""
     built = pinned.built_graph_of(graph, inputs, outputs, device=device, name=name)
-    graph_id = _definitions.add_built(name or "built_graph", len(in_specs))
+    graph_id = _definitions.add_built(name or "built_graph", len(built.inputs))
     _pinned.pin(graph_id, built)
     return graph_id
 

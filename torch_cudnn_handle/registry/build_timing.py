@@ -1,7 +1,7 @@
 """Where the time to obtain one built graph went: ``BuiltGraph.phase_seconds``.
 
-One record per built graph, filled as the build goes (routes.py, build.py, and the
-op for the first execution), with the phases in the order they run:
+One record per built graph, filled as the build goes (plans/__init__.py, build.py, and
+the op for the first execution), with the phases in the order they run:
 
   * ``scope``: entering the device's build scope (build_scope.py: the thread's pooled
     handle there, on torch's current stream; a thread's first use creates it);

@@ -19,7 +19,7 @@ first one built instead of building them. What a file holds, and why it is safe:
     has just put there (a narrow race remains: it costs one rebuild, never a wrong plan).
 
 The store knows bytes and keys, not cuDNN: which key a graph has, and whether a
-loaded blob fits the graph, is ``plan_disk.py``'s job.
+loaded blob fits the graph, is ``stored_graphs.py``'s job.
 
 Settings (settings.py, read on every build): ``plan_store`` (on by default) and
 ``plan_store_dir`` (``~/.cache/torch_cudnn_handle/plans``); a directory that cannot be
