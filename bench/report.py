@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # bench_pool, bench_op, context_cost, gpu_work, modules, timing
