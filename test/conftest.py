@@ -210,3 +210,21 @@ def python_kernels(**replacements):
         yield kernels
     finally:
         _C._set_python_kernels(*(kernels[name] for name in order))
+
+
+def pytest_runtest_logreport(report):
+    """GPU rounds (.ci/gpu-round) can be cut short by their stage timeout before pytest prints
+    its summary; with $LIVE_FAILURES set, the controller appends each failure (traceback
+    included) and each test slower than 10 s (with the tail of what it printed) to that file
+    as the report arrives."""
+    path = os.environ.get("LIVE_FAILURES")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.failed or (report.when == "call" and report.duration > 10):
+        with open(path, "a") as log:
+            outcome = "FAILED" if report.failed else "slow"
+            log.write(f"=== {outcome} {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+            if report.failed:
+                log.write(report.longreprtext[-4000:] + "\n")
+            elif report.capstdout:
+                log.write(report.capstdout[-1500:] + "\n")

@@ -10,7 +10,7 @@ from cudnn.frost.device import build_scope_device, current_device
 
 import torch_cudnn_handle as tch
 from conftest import python_backward_calls, requires_native_path, run_concurrently, run_in_thread
-from support.graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_reference
+from support.graphs import LINEAR_RELU, MATMUL, RELU, RELU_DECLARED, linear_inputs, linear_relu, linear_relu_backward, linear_relu_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -40,22 +40,17 @@ def reference_grads(inputs):
 def test_backward_matches_torch_and_runs_on_the_autograd_worker():
     inputs = linear_inputs(2, 64, 32, 16, requires_grad=True)
     threads = []
-    definition = tch.registry.definition(LINEAR_RELU)
-    original = definition.backward_fn
 
     def recording_backward(grads, ins, outs):
         threads.append((threading.get_ident(), torch.cuda.current_stream().cuda_stream))
-        return original(grads, ins, outs)
+        return linear_relu_backward(grads, ins, outs)
 
-    definition.backward_fn = recording_backward
+    recorded = tch.register_graph(linear_relu, name="linear_relu_recorded", backward=tch.Backward.function(recording_backward))
     side = torch.cuda.Stream()
-    try:
-        with torch.cuda.stream(side):
-            (y,) = execute(inputs)
-            y.float().sum().backward()
-        torch.cuda.synchronize()
-    finally:
-        definition.backward_fn = original
+    with torch.cuda.stream(side):
+        (y,) = execute(inputs, recorded)
+        y.float().sum().backward()
+    torch.cuda.synchronize()
     assert threads and threads[0][0] != threading.get_ident()  # autograd's CUDA worker thread ...
     assert threads[0][1] == side.cuda_stream  # ... on the forward's stream
     for got, want in zip([t.grad for t in inputs], reference_grads(inputs)):

@@ -100,24 +100,42 @@ def two_uses(graph, s, t, x):
     return [graph.add(graph.mul(x, s, name="big"), x, name="add"), small]  # ... but does here
 
 
-def test_an_input_read_by_nodes_of_other_output_shapes_is_left_as_written():
+def test_an_input_read_at_two_output_shapes_is_refused_with_the_fix():
     s, t, x = _halves((1, 1, 96), (1, 1, 96), (4, 8, 96))
     graph_id = tch.register_graph(two_uses)
-    assert _plan(graph_id, s, t, x) == ()  # materializing s would change the small output's shape
-    big, small = tch.execute(graph_id, [s, t, x])
-    assert small.shape == (1, 1, 96) and big.shape == (4, 8, 96)
+    # materializing s would change the small output's shape, and cuDNN would broadcast it into "big" itself
+    with pytest.raises(ValueError, match=r"input 0 of shape \[1, 1, 96\] broadcasts into node 'big'.*Expand the operand to \[4, 8, 96\]"):
+        tch.execute(graph_id, [s, t, x])
+    expanded = tch.register_graph(lambda g, s_full, s, t, x: [g.add(g.mul(x, s_full, name="big"), x, name="add"), g.mul(s, t, name="small")],
+                                  name="two_uses_expanded")
+    big, small = tch.execute(expanded, [s.expand(4, 8, 96).contiguous(), s, t, x])  # the fix the message names
+    torch.testing.assert_close(big.float(), x.float() * s.float() + x.float(), atol=4e-3, rtol=2e-3)
+    assert small.shape == (1, 1, 96)
 
 
 def virtual_broadcast(graph, a, b, x):
     return graph.add(graph.mul(a, b, name="ab"), x, name="add")  # a*b is a [1, 1, 96] virtual broadcast into add
 
 
-def test_a_virtual_intermediate_that_broadcasts_is_not_covered():
+def test_a_virtual_intermediate_that_broadcasts_puts_every_input_at_the_outputs_shape():
     a, b, x = _halves((1, 1, 96), (1, 1, 96), (4, 8, 96))
     graph_id = tch.register_graph(virtual_broadcast)
-    assert _plan(graph_id, a, b, x) == ()
+    assert _plan(graph_id, a, b, x) == ((0, (4, 8, 96)), (1, (4, 8, 96)))
+    graph, _, _, _ = registry.description(graph_id, _specs(a, b, x))
+    assert {tuple(t.dim) for node in graph.nodes for t in [*node.inputs.values(), *node.outputs.values()] if t is not None} == {(4, 8, 96)}
     (out,) = tch.execute(graph_id, [a, b, x])
     torch.testing.assert_close(out.float(), a.float() * b.float() + x.float(), atol=4e-3, rtol=2e-3)
+
+
+def test_a_virtual_broadcast_into_outputs_of_two_shapes_is_refused():
+    def two_outputs(graph, a, b, x):
+        ab = graph.mul(a, b, name="ab")
+        ab.set_output(True)
+        return [graph.add(ab, x, name="add"), ab]
+
+    a, b, x = _halves((1, 1, 96), (1, 1, 96), (4, 8, 96))
+    with pytest.raises(ValueError, match=r"an intermediate of shape \[1, 1, 96\] broadcasts into node 'add'|input 0"):
+        tch.execute(tch.register_graph(two_outputs), [a, b, x])
 
 
 def bias_after_matmul(graph, x, w, b):

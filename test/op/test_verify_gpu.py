@@ -36,7 +36,10 @@ def test_every_upstream_graph_passes_verify_at_its_first_execution(entry):
     inputs = entry.make_inputs("cuda")
     before = stats.verify()
     with settings.override(verify=True):
-        outputs = tch.execute(graph_id, inputs)  # raises VerifyMismatch if cuDNN and the interpreter disagree
+        try:
+            outputs = tch.execute(graph_id, inputs)  # raises VerifyMismatch if cuDNN and the interpreter disagree
+        except cudnn.cudnnGraphNotSupportedError as error:  # as test_upstream_graphs_gpu: cuDNN here refuses the graph
+            pytest.skip(f"cuDNN {cudnn.backend_version()} here does not build {entry.name}: {str(error)[:200]}")
         again = tch.execute(graph_id, inputs)  # not the first execution: no check
     after = stats.verify()
     if entry.name in NOT_INTERPRETED:

@@ -1,37 +1,41 @@
 """Broadcast inputs of pointwise-only graphs: found in a description, described at their
 full shape, and materialized by the op per call (Note [Pointwise broadcasts]).
 
-Note [Pointwise broadcasts]: on the H200 (cuDNN 9.19 and 9.27, frontend 1.32) the graph
-of pointwise nodes alone ``x * s + y``, ``x, y`` ``[4, 64, 96]`` and ``s`` ``[1, 1, 96]``
-(broadcast over the leading dims), returned results off by up to 13.7 (fp16), 55.9 (bf16)
-and 16.7 (fp32), through the frontend's own execute as through the op; with ``s`` at the
-full shape it is exact. A broadcast operand of a pointwise node fused after a matmul (a
-bias ``[1, 1, N]``: FusedLinear) is measured right. So in a graph whose nodes are all
-POINTWISE, an op input that broadcasts (a dim of size 1 where the output of a node
-reading it is larger) is described at that node's output shape, row-major, and the op
-materializes it per call: ``input.expand(shape).contiguous()``, torch ops on the current
-stream (capturable, no host sync). cuDNN then reads full-shape operands only, the case
-measured exact.
+Note [Pointwise broadcasts]: on the H200 (cuDNN 9.19, frontend 1.32) graphs of pointwise
+nodes alone compute some broadcasts wrong, through the frontend's own execute as through
+the op. The grid of test/op/test_pointwise_broadcasts_gpu.py (49 patterns, 3-D and 4-D,
+fp16/bf16/fp32; run 2026-12-02) found 12-13 of 49 wrong as written: an operand ``[1, 1,
+96]`` or ``[1, 64, 1]`` broadcast into ``[4, 64, 96]`` (off by 1.5 up to inf), and a
+virtual intermediate ``s * t`` of ``[1, 1, 96]`` broadcast into ``+ x`` (nan, inf or
+7e18); ``[4, 1, 96]``, ``[1, 64, 96]``, ``[4, 64, 1]`` and ``[1, 1, 1]`` came out right,
+and 4-D row-major pointwise graphs were refused by cuDNN ("no engine") either way. Every
+operand at the full shape is exact in all of them, and a broadcast operand of a pointwise
+node fused after a matmul (a bias ``[1, 1, N]``: FusedLinear) is measured right.
 
-Why materialize rather than refuse at build: the graph is the user's, correct as written,
-and torch broadcasts the same expression; refusing would make every caller write the
-expand themselves, and a refusal is only as good as the pattern list behind it, which
-without a GPU here is one measured case. Materializing costs one copy of the small operand
-per call (the size of the output, in the input's dtype) and never gives a wrong value the
-full-shape graph would not. It is applied where it is sure to keep the graph's meaning:
+So in a graph whose nodes are all POINTWISE, a broadcast is never left to cuDNN:
 
-  * every node is POINTWISE (a matmul, conv, norm, sdpa, reduction or structural node
-    anywhere: the rule does not apply);
-  * the input is an op input of the same rank as the node output it broadcasts to, every
-    node that reads it has that output shape (so no node's output changes), and it is not
-    a host scalar (pass-by-value);
-  * the graph has no packed (ragged) operands and no natural operands (OperandViews),
-    whose description maps the call's specs otherwise. (An input written in place never
-    broadcasts: it has its output's layout, in_place.py.)
+  * an op input that broadcasts (a dim of size 1 where the output of a node reading it is
+    larger), of that output's rank, read only by nodes of that one output shape, is
+    described at that shape, row-major; the op materializes it per call:
+    ``input.expand(shape).contiguous()``, torch ops on the current stream (capturable, no
+    host sync);
+  * if a broadcast remains (a virtual intermediate that broadcasts into a later node, or
+    an input read at two output shapes) and every output of the graph has one shape F to
+    which each op input expands, every op input is described and materialized at F: a
+    pointwise graph computes the same values at full shape, its intermediates included;
+  * otherwise the description is refused with the node, the shapes and the fix (expand the
+    operand before the call, or split the graph), never run.
 
-Not covered (left as the builder wrote them): a virtual intermediate that broadcasts into
-a later node, broadcasts of other rank. test/op/test_pointwise_broadcasts_gpu.py measures
-a grid of patterns on the GPU, these included, and reports which cuDNN gets wrong.
+Host scalars (pass-by-value) are left alone; graphs with packed (ragged) or natural
+operands (OperandViews) are never passed here, their descriptions map the call's specs
+otherwise; an input written in place never broadcasts (in_place.py). Broadcasts between
+tensors of different rank are left as written.
+
+Why materialize rather than refuse: the graph is the user's, correct as written, and torch
+broadcasts the same expression; refusing would make every caller write the expand
+themselves. Materializing costs one copy of each small operand per call (the size of the
+output, in the input's dtype) and gives the full-shape graph's values, the case measured
+exact.
 
 Where it acts: ``describe`` (describe.py) describes the graph again at the full shapes and
 the layout carries the pairs (``GraphLayout.materialized``); the build builds, keys the
@@ -60,36 +64,57 @@ def _kind(node) -> str:
     return getattr(node.node_type, "name", str(node.node_type))
 
 
-def broadcast_inputs(graph, graph_inputs: Sequence, specs: Sequence[TensorSpec]) -> Materialized:
+def _broadcasts(dims, out) -> bool:
+    return len(dims) == len(out) and any(d == 1 and o > 1 for d, o in zip(dims, out))
+
+
+def _expands_to(shape, full) -> bool:
+    return len(shape) == len(full) and all(d in (1, f) for d, f in zip(shape, full))
+
+
+def broadcast_inputs(graph, graph_inputs: Sequence, specs: Sequence[TensorSpec], name: str = "") -> Materialized:
     """The op inputs of the validated description ``graph`` to materialize, with their full
-    shapes (the rule of Note [Pointwise broadcasts]); () when there is none.
-    ``graph_inputs``: the graph tensor of each op input, in op order; ``specs``: the call's.
-    (A graph with packed or natural operands is never passed here: describe.py.)"""
+    shapes (the rule of Note [Pointwise broadcasts]); () when there is none. Raises
+    ValueError for a broadcast the rule cannot take from cuDNN. ``graph_inputs``: the graph
+    tensor of each op input, in op order; ``specs``: the call's; ``name``: the graph's."""
     nodes = list(graph.nodes)
     if not nodes or any(_kind(node) != "POINTWISE" for node in nodes):
         return ()
     index_of = {tensor.uid: i for i, tensor in enumerate(graph_inputs)}
-    shapes: Dict[int, List[Tuple[int, ...]]] = {}  # op input -> the output shape of each node reading it
-    broadcasts: Dict[int, bool] = {}
+    reads = []  # (node, op input index or None for a virtual tensor, its dims, the node's output shape)
     for node in nodes:
         outputs = [t for t in node.outputs.values() if t is not None and t.dim]
         if len(outputs) != 1:
             continue
         out = tuple(int(n) for n in outputs[0].dim)
         for tensor in node.inputs.values():
-            i = None if tensor is None else index_of.get(tensor.uid)
-            if i is None:
-                continue
+            if tensor is not None and tensor.dim:
+                i = index_of.get(tensor.uid)
+                if i is None or not specs[i].host:
+                    reads.append((node, i, tuple(int(n) for n in tensor.dim), out))
+    shapes: Dict[int, List[Tuple[int, ...]]] = {}  # op input -> the output shape of each node reading it
+    for _, i, _, out in reads:
+        if i is not None:
             shapes.setdefault(i, []).append(out)
-            dims = tuple(int(n) for n in tensor.dim)
-            if len(dims) == len(out) and any(d == 1 and o > 1 for d, o in zip(dims, out)):
-                broadcasts[i] = True
-    found = []
-    for i in sorted(broadcasts):
-        if specs[i].host or len(set(shapes[i])) != 1:
-            continue
-        found.append((i, shapes[i][0]))
-    return tuple(found)
+    direct = tuple((i, shapes[i][0]) for i in sorted(shapes)
+                   if len(set(shapes[i])) == 1 and any(_broadcasts(dims, out) for _, j, dims, out in reads if j == i))
+    covered = {i for i, _ in direct}
+    left = [(node, i, dims, out) for node, i, dims, out in reads if _broadcasts(dims, out) and (i is None or i not in covered)]
+    if not left:
+        return direct
+    finals = {tuple(int(n) for n in t.dim) for node in nodes for t in node.outputs.values() if t is not None and not t.is_virtual}
+    if len(finals) == 1:
+        (full,) = finals
+        widened = tuple((i, full) for i, spec in enumerate(specs) if not spec.host and tuple(spec.shape) != full)
+        if widened and all(spec.host or _expands_to(spec.shape, full) for spec in specs):
+            return widened
+    node, i, dims, out = left[0]
+    what = "an intermediate" if i is None else f"input {i}"
+    raise ValueError(
+        f"graph {name!r}: {what} of shape {list(dims)} broadcasts into node {node.name!r} (output {list(out)}) in a graph of "
+        f"pointwise nodes only, which cuDNN computes wrong for some shapes (Note [Pointwise broadcasts]); the op cannot describe "
+        f"it at full shape (the graph's outputs have shapes {sorted(map(list, finals))}, its inputs {[list(t.shape) for t in specs]}). Expand the operand to "
+        f"{list(out)} before the call (tensor.expand(...).contiguous()) or split the graph where the shapes differ")
 
 
 def materialized_specs(specs: Sequence[TensorSpec], plan: Materialized) -> Tuple[TensorSpec, ...]:

@@ -87,10 +87,14 @@ def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, *
     described = _describe_as_given(definition, specs, handle, **graph_options)
     if as_written or definition.views is not None or definition.ragged is not None:
         return described
-    plan = broadcast_inputs(described.graph, described.inputs, specs)
+    plan = broadcast_inputs(described.graph, described.inputs, specs, definition.name)
     if not plan:
         return described
-    described = _describe_as_given(definition, materialized_specs(specs, plan), handle, **graph_options)
+    full_specs = materialized_specs(specs, plan)
+    described = _describe_as_given(definition, full_specs, handle, **graph_options)
+    if broadcast_inputs(described.graph, described.inputs, full_specs, definition.name):  # raises if one is left to cuDNN
+        raise ValueError(f"graph {definition.name!r}: a broadcast remains after its inputs were described at full shape "
+                         f"{[list(t.shape) for t in full_specs]} (Note [Pointwise broadcasts]); expand the operands before the call")
     return described._replace(layout=dataclasses.replace(described.layout, materialized=plan))
 
 
