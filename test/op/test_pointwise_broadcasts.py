@@ -184,3 +184,18 @@ def test_autograd_through_a_materialized_graph():
     (out,) = tch.execute(graph_id, [x, s, y])
     out.sum().backward()
     torch.testing.assert_close(s.grad, x.detach().sum((0, 1), keepdim=True))
+
+
+def test_autograd_through_a_virtual_broadcast_put_at_full_shape():
+    def backward(grads, inputs, outputs):
+        (dy,), (a, b, _x) = grads, inputs
+        return [(dy * b).sum_to_size(a.shape), (dy * a).sum_to_size(b.shape), dy]
+
+    graph_id = tch.register_graph(virtual_broadcast, name="virtual_broadcast_grad", backward=tch.Backward.function(backward))
+    a, b, x = (torch.randn(*shape, requires_grad=True) for shape in ((1, 1, 8), (1, 1, 8), (2, 4, 8)))
+    (out,) = tch.execute(graph_id, [a, b, x])
+    torch.testing.assert_close(out, a * b + x)
+    out.sum().backward()
+    assert a.grad.shape == (1, 1, 8)
+    torch.testing.assert_close(a.grad, (b.detach() * 8).expand(1, 1, 8))
+    torch.testing.assert_close(x.grad, torch.ones(2, 4, 8))
