@@ -96,10 +96,11 @@ def broadcast_inputs(graph, graph_inputs: Sequence, specs: Sequence[TensorSpec],
     for _, i, _, out in reads:
         if i is not None:
             shapes.setdefault(i, []).append(out)
-    direct = tuple((i, shapes[i][0]) for i in sorted(shapes)
-                   if len(set(shapes[i])) == 1 and any(_broadcasts(dims, out) for _, j, dims, out in reads if j == i))
+    broadcast_reads = [read for read in reads if _broadcasts(read[2], read[3])]
+    broadcasting = sorted({i for _, i, _, _ in broadcast_reads if i is not None})
+    direct = tuple((i, shapes[i][0]) for i in broadcasting if len(set(shapes[i])) == 1)
     covered = {i for i, _ in direct}
-    left = [(node, i, dims, out) for node, i, dims, out in reads if _broadcasts(dims, out) and (i is None or i not in covered)]
+    left = [(node, i, dims, out) for node, i, dims, out in broadcast_reads if i is None or i not in covered]
     if not left:
         return direct
     finals = {tuple(int(n) for n in t.dim) for node in nodes for t in node.outputs.values() if t is not None and not t.is_virtual}
