@@ -28,21 +28,10 @@ from .. import settings
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
-from .attention_buckets import bucketed_sdpa
+from .attention_buckets import _mask, _scale, bucketed_sdpa
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
-
-
-def _mask(causal: bool) -> dict:
-    return dict(
-        diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
-        diagonal_band_right_bound=0 if causal else None,  # None: no band (a None kwarg is not passed on)
-    )
-
-
-def _scale(q) -> float:
-    return float(q.dim[-1]) ** -0.5
 
 
 def sdpa_forward(graph, q, k, v, *, causal: bool):

@@ -16,8 +16,8 @@ The buckets are powers of two from ``MIN_BUCKET`` (``bucket_of``): a new length 
 build only when it opens a new bucket (about 6 for lengths up to 4096). Results for a
 given length are bitwise repeatable (the same plan); they differ from the dense graph's
 within the engines' numerics (another engine serves a ragged graph). The offsets and
-lengths are small device tensors made per call (five tiny kernels on the current stream,
-capturable). Which route serves ``nn.sdpa`` is the ``attention_buckets`` setting.
+lengths are small device tensors made per call (three tiny kernels on the current stream, four
+when training; capturable). Which route serves ``nn.sdpa`` is the ``attention_buckets`` setting.
 """
 
 from __future__ import annotations
@@ -47,13 +47,21 @@ def bucket_of(length) -> int:
 
 
 def _mask(causal: bool) -> dict:
-    return dict(diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT, diagonal_band_right_bound=0 if causal else None)
+    """sdpa's causal mask arguments (nn/attention.py's dense graphs use them too)."""
+    return dict(
+        diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT,
+        diagonal_band_right_bound=0 if causal else None,  # None: no band (a None kwarg is not passed on)
+    )
+
+
+def _scale(q) -> float:
+    return float(q.dim[-1]) ** -0.5
 
 
 def _ragged_sdpa(graph, q, k, v, seq_len_q, seq_len_kv, q_off, kv_off, stats_off, *, causal: bool, stats: bool):
     """O (and the row log-sum-exp ``Stats``), packed like q; scale 1/sqrt(D)."""
     o, lse = graph.sdpa(
-        name="sdpa", q=q, k=k, v=v, generate_stats=stats, attn_scale=float(q.dim[-1]) ** -0.5, use_padding_mask=True,
+        name="sdpa", q=q, k=k, v=v, generate_stats=stats, attn_scale=_scale(q), use_padding_mask=True,
         seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, **_mask(causal),
     )
     o.set_dim(list(q.dim)).set_stride(list(q.stride)).set_data_type(q.data_type).set_ragged_offset(q_off)
@@ -75,7 +83,7 @@ def ragged_sdpa_inference(graph, q, k, v, seq_len_q, seq_len_kv, q_off, kv_off, 
 def ragged_sdpa_backward(graph, d_o, q, k, v, o, stats, seq_len_q, seq_len_kv, q_off, kv_off, stats_off, *, causal: bool):
     """dQ, dK, dV, packed like their inputs (None for the other forward inputs)."""
     dq, dk, dv = graph.sdpa_backward(
-        name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=float(q.dim[-1]) ** -0.5,
+        name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=_scale(q),
         use_padding_mask=True, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
         use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(), **_mask(causal),
     )
@@ -113,12 +121,14 @@ def _graph(causal: bool, bucket: int, training: bool) -> int:
         return _graphs[key]
 
 
-def _lengths_and_offsets(batch: int, length: int, heads: int, head_dim: int, device) -> list:
-    """seq_len [B, 1, 1, 1] int32 (all ``length``), and the offsets of q/k/v ([B+1], in
-    elements) and of the statistics (in units of H), on ``device``."""
+def _lengths_and_offsets(batch: int, length: int, heads: int, head_dim: int, device, training: bool) -> list:
+    """The graph's inputs after q, k, v: seq_len q and kv ([B, 1, 1, 1] int32, all ``length``:
+    one tensor), the offsets of q and of k/v ([B+1], in elements: one tensor) and, when
+    ``training``, of the statistics (in units of H), on ``device``."""
     starts = torch.arange(batch + 1, device=device, dtype=torch.int64) * length
     lengths = torch.full((batch, 1, 1, 1), length, dtype=torch.int32, device=device)
-    return [lengths, lengths, starts * (heads * head_dim), starts * (heads * head_dim), starts * heads]
+    offsets = starts * (heads * head_dim)
+    return [lengths, lengths, offsets, offsets] + ([starts * heads] if training else [])
 
 
 def _token_major(t: torch.Tensor) -> torch.Tensor:
@@ -135,10 +145,6 @@ def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     b, h, s, d = q.shape
     if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d):
         raise ValueError(f"bucketed sdpa: q, k and v must have one shape, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    lengths = _lengths_and_offsets(b, s, h, d, q.device)
-    operands = [_token_major(q), _token_major(k), _token_major(v), *lengths[:2], *lengths[2:4]]
-    graph = _graph(bool(causal), bucket_of(s), training)
-    if training:
-        operands.append(lengths[4])
-    o = execute(graph, operands)[0]
+    operands = [_token_major(q), _token_major(k), _token_major(v), *_lengths_and_offsets(b, s, h, d, q.device, training)]
+    o = execute(_graph(bool(causal), bucket_of(s), training), operands)[0]
     return o.view(b, s, h, d).transpose(1, 2)
