@@ -126,15 +126,15 @@ class NativeBinding:
         if was_native:
             _C.native_forget(self._graph_id, serial)
 
-    def run(self, graph_id: int, inputs) -> Optional[List[torch.Tensor]]:
+    def run(self, inputs) -> Optional[List[torch.Tensor]]:
         """The call's outputs from the native plan, or None (not native, or no plan fits these inputs)."""
-        return _C.run_native(graph_id, inputs) if self.state == "native" else None
+        return _C.run_native(self._graph_id, inputs) if self.state == "native" else None
 
-    def run_out(self, graph_id: int, inputs, out) -> bool:
-        return self.state == "native" and bool(_C.run_native_out(graph_id, inputs, out))
+    def run_out(self, inputs, out) -> bool:
+        return self.state == "native" and bool(_C.run_native_out(self._graph_id, inputs, out))
 
-    def run_in_place(self, graph_id: int, inputs) -> Optional[List[torch.Tensor]]:
-        return _C.run_native_in_place(graph_id, inputs) if self.state == "native" else None
+    def run_in_place(self, inputs) -> Optional[List[torch.Tensor]]:
+        return _C.run_native_in_place(self._graph_id, inputs) if self.state == "native" else None
 
     # -- the hand-over: claim() by one thread, then finish() with its result ----------
 

@@ -105,7 +105,7 @@ def _timed(built, launch):
 
 def _run_into(graph_id: int, built, inputs: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
     """The call written into ``out``: the native plan, else the frontend (misaligned ``out`` staged)."""
-    if built.binding.run_out(graph_id, inputs, out):
+    if built.binding.run_out(inputs, out):
         return
     staged = _aligned(out)
     _launch(built, inputs, staged)
@@ -130,7 +130,7 @@ def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     operands = materialize(inputs, built.layout.materialized)
 
     def run():
-        outputs = built.binding.run(graph_id, operands)  # native since this call's build or hand-over
+        outputs = built.binding.run(operands)  # native since this call's build or hand-over
         if outputs is None:
             outputs = _empty_outputs(built, operands)
             _launch(built, operands, outputs)
@@ -173,7 +173,7 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
     operands = materialize(inputs, built.layout.materialized)  # never a written input: it has its output's layout
 
     def run():
-        others = built.binding.run_in_place(graph_id, operands)
+        others = built.binding.run_in_place(operands)
         if others is not None:
             return others
         outputs = _empty_outputs(built, operands)
