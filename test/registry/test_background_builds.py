@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from torch_cudnn_handle import settings
 from torch_cudnn_handle.registry import build as build_module, graph_cache
 from torch_cudnn_handle.registry.data_types import GraphDataTypes
 from torch_cudnn_handle.registry.definition import Definitions
@@ -38,7 +39,8 @@ def cache(monkeypatch):
     monkeypatch.setattr(graph_cache, "_capturing", lambda device: False)
     made.graph = definitions.define(lambda g, x: g.relu(x), name="relu", params={}, backward=None, tune=None, output_shapes=None,
                                     data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None)
-    return made
+    with settings.override(background_builds=True):  # the cache reads it on a miss
+        yield made
 
 
 def test_a_first_use_returns_at_once_and_builds_on_a_build_thread(cache):

@@ -72,7 +72,7 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     builder output each is does not depend on sizes, so hints: no specialization. Real CPU
     tensors: the description the CPU kernel just ran (reference.py)."""
     if all((t.is_cuda or is_host_scalar(t)) and not is_fake(t) for t in operands):
-        built = built_for_call(graph_id, operands, call=False, stand_in=True)  # a hit: execute() just built it
+        built = built_for_call(graph_id, operands, call=False)  # a hit: execute() just built it
         if built is not None:
             return built.layout.output_positions
         return description_for(graph_id, operands, operands[0].device).layout.output_positions  # building: the stand-in's

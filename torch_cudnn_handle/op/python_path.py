@@ -35,16 +35,16 @@ from .checks import call_device, check_in_place, check_out, check_out_overlap, r
 __all__ = ["built_for_call", "execute", "execute_out", "execute_in_place"]
 
 
-def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: bool = False):
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
     """The graph built for these inputs; ``call``: the op runs it now (a pending native
-    hand-over happens first), else only its layout is wanted. ``stand_in``: the caller runs
-    the interpreter instead when the graph is building off the call's path (then None)."""
+    hand-over happens first), else only its layout is wanted. None while the graph builds
+    off the call's path: the caller runs the interpreter instead."""
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
     return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
-                              stand_in=stand_in)
+                              stand_in=True)
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,
@@ -124,7 +124,7 @@ def _run_into(graph_id: int, built, inputs: Sequence[torch.Tensor], out: Sequenc
 
 
 def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    built = built_for_call(graph_id, inputs, stand_in=True)
+    built = built_for_call(graph_id, inputs)
     if built is None or built.route == REFERENCE_ROUTE:
         return reference.execute(graph_id, inputs)
     operands = materialize(inputs, built.layout.materialized)
@@ -148,7 +148,7 @@ def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
-    built = built_for_call(graph_id, inputs, stand_in=True)
+    built = built_for_call(graph_id, inputs)
     if built is None or built.route == REFERENCE_ROUTE:
         return reference.execute_out(graph_id, inputs, out=out)
     check_out(graph_id, built.layout, out, torch.device("cuda", built.device), inputs)
@@ -166,7 +166,7 @@ def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Te
 def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
     merged them). Returns the outputs not written in place."""
-    built = built_for_call(graph_id, inputs, stand_in=True)
+    built = built_for_call(graph_id, inputs)
     if built is None or built.route == REFERENCE_ROUTE:
         return reference.execute_in_place(graph_id, inputs)
     writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])

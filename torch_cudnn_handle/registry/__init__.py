@@ -213,8 +213,7 @@ def built_for(graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_sp
               stand_in: bool = False) -> Optional[BuiltGraph]:
     """The graph built for a call's inputs (graph_cache.py ``GraphCache.lookup``); None when
     ``stand_in`` and the ``background_builds`` setting let its first build run off the call's path."""
-    return _graph_cache.lookup(graph_id, device, inputs, key_specs, deterministic, call=call,
-                               stand_in=stand_in and bool(settings.get("background_builds")))
+    return _graph_cache.lookup(graph_id, device, inputs, key_specs, deterministic, call=call, stand_in=stand_in)
 
 
 def layout(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = None) -> GraphLayout:

@@ -82,8 +82,9 @@ class GraphCache:
         """The graph ``graph_id`` built for ``device`` and these inputs; built on first use.
         ``key_specs``: the inputs' (shape, stride, dtype, is_cpu), the hot key. ``call``:
         the op runs it now (a pending binding is handed over first); else only its layout
-        is wanted. ``stand_in``: the caller can serve the call without cuDNN, so a first use
-        builds in the background and returns None (Note [Builds off the caller's path])."""
+        is wanted. ``stand_in``: the caller can serve the call without cuDNN, so with the
+        ``background_builds`` setting on (read here, on a miss only) a first use builds in the
+        background and returns None (Note [Builds off the caller's path])."""
         key = (graph_id, device, key_specs, deterministic)
         built = self._hit(key)
         if built is not None:
@@ -98,7 +99,8 @@ class GraphCache:
             # (above) is never stored, so every such call on this path checks its inputs.
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
-        return self._build_once(key, definition, device, specs, call, stand_in and not deterministic)
+        return self._build_once(key, definition, device, specs, call,
+                                stand_in and not deterministic and bool(settings.get("background_builds")))
 
     def _hit(self, key) -> Optional[BuiltGraph]:
         with self._lock:
