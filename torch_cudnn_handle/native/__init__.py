@@ -33,11 +33,11 @@ cudnn_frontend copies (the wheel's, libtorch_cuda's) the dynamic linker binds.
 from __future__ import annotations
 
 from .. import _C, settings
-from .binding import HandOverSource, NativeBinding, last_used_ns
+from .binding import HandOverSource, NativeBinding, capturing, last_used_ns
 from .eligibility import NativePlanSpec, backend_plan_of
 from .ubjson import decode_ubjson
 
-__all__ = ["NativeBinding", "HandOverSource", "NativePlanSpec", "backend_plan_of", "decode_ubjson", "last_used_ns", "cuda_graph_stats"]
+__all__ = ["NativeBinding", "HandOverSource", "NativePlanSpec", "backend_plan_of", "decode_ubjson", "last_used_ns", "capturing", "cuda_graph_stats"]
 
 if _C.with_cuda:  # the switch lives in C++ (plan_graphs.cpp); the setting is settings.py's
     settings.watch("native_cuda_graphs", lambda enabled: _C.set_native_cuda_graphs(bool(enabled)))

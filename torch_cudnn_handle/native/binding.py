@@ -102,7 +102,7 @@ class NativeBinding:
     def on_reuse(self, device: int) -> Optional[float]:
         """A later call found the graph built: a pending one is handed over by the one
         thread that claims it. Returns the hand-over's seconds, or None when none ran."""
-        if self.state != "pending" or _capturing(device) or not self.claim():
+        if self.state != "pending" or capturing(device) or not self.claim():
             return None
         started = time.perf_counter()
         try:
@@ -197,7 +197,8 @@ def _serialized(graph) -> Optional[bytes]:
         return None
 
 
-def _capturing(device: int) -> bool:
+def capturing(device: int) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph (registry/graph_cache.py asks too)."""
     with torch.cuda.device(device):
         return torch.cuda.is_current_stream_capturing()
 

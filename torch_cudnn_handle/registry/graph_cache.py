@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import _C, settings
-from ..native import last_used_ns
+from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam the CPU tests replace
 from .build import BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
 from .pinned import PinnedGraphs
@@ -277,8 +277,3 @@ class GraphCache:
                 plan_seconds=self._plan_seconds,
                 phase_seconds=dict(self._phase_seconds),
             )
-
-
-def _capturing(device: int) -> bool:
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
