@@ -24,7 +24,7 @@ import torch
 
 from .. import _C, settings
 from . import describe as describing
-from .backward import Backward, from_keywords
+from .backward import OLD_KEYWORDS, Backward, from_keywords
 from .backward_operands import BackwardOperand, BackwardStep
 from .build import BuiltGraph
 from .data_types import GraphDataTypes
@@ -137,7 +137,7 @@ def register_graph(
     still work, with a DeprecationWarning naming the new form.
     """
     name = name or getattr(builder, "__name__", "graph")
-    old = {key: deprecated.pop(key) for key in list(deprecated) if key in _OLD_BACKWARD_KEYWORDS}
+    old = {key: deprecated.pop(key) for key in list(deprecated) if key in OLD_KEYWORDS}
     if deprecated:
         if params is not None:
             raise TypeError(f"register_graph({name!r}): unknown options {sorted(deprecated)}; builder parameters go in params={{...}}")
@@ -153,12 +153,6 @@ def register_graph(
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
     )
-
-
-_OLD_BACKWARD_KEYWORDS = frozenset(
-    {"backward_operands", "backward_fn", "backward_reads", "differentiable_outputs", "materialize_grads", "backward_ragged",
-     "backward_views", "backward_steps", "backward_grads"}
-)
 
 
 def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:

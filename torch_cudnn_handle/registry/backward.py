@@ -30,7 +30,7 @@ from .. import _C
 from .backward_operands import BackwardOperand, BackwardStep
 from .operand_views import OperandViews
 
-__all__ = ["Backward", "from_keywords", "declare", "all_operands"]
+__all__ = ["Backward", "OLD_KEYWORDS", "from_keywords", "declare", "all_operands"]
 
 _GRAD, _INPUT, _OUTPUT, _STEP = 0, 1, 2, 3
 
@@ -215,8 +215,8 @@ def _declare_steps(graph_id: int, name: str, backward: Backward, num_inputs, dif
     )
 
 
-_OLD_KEYWORDS = ("backward_operands", "backward_fn", "backward_reads", "differentiable_outputs", "materialize_grads",
-                 "backward_ragged", "backward_views", "backward_steps", "backward_grads")
+OLD_KEYWORDS = frozenset({"backward_operands", "backward_fn", "backward_reads", "differentiable_outputs", "materialize_grads",
+                          "backward_ragged", "backward_views", "backward_steps", "backward_grads"})  # what from_keywords reads
 
 
 def _needs_builder(name: str, old: Mapping[str, Any]) -> None:
