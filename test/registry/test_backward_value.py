@@ -59,6 +59,11 @@ def test_the_old_options_warn_and_give_the_same_record(old, new):
     assert tch.registry.definition(old_id).backward.kind == tch.registry.definition(new_id).backward.kind
 
 
+def test_params_that_are_not_a_dict_are_refused_with_what_they_must_be():
+    with pytest.raises(TypeError, match="params must be a dict of the builder's keyword arguments, got int"):
+        tch.register_graph(scaled, params=5)
+
+
 def test_builder_parameters_as_keywords_warn_and_become_params():
     with pytest.warns(DeprecationWarning, match=r"builder parameters as keywords \(scale\) are deprecated; pass params=\{'scale': \.\.\.\}"):
         old_id = tch.register_graph(scaled, scale=0.5)

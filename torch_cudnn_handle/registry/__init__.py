@@ -148,7 +148,7 @@ def register_graph(
         )
         params = deprecated
     return _definitions.define(
-        builder, name=name, params=dict(params or {}), backward=from_keywords(name, backward, old), tune=tune,
+        builder, name=name, params={} if params is None else params, backward=from_keywords(name, backward, old), tune=tune,
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
