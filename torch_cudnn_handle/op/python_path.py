@@ -170,6 +170,7 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
     if built is None or built.route == REFERENCE_ROUTE:
         return reference.execute_in_place(graph_id, inputs)
     writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])
+    written = dict(writes)  # output -> the input it is written into
     operands = materialize(inputs, built.layout.materialized)  # never a written input: it has its output's layout
 
     def run():
@@ -177,7 +178,7 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
         if others is not None:
             return others
         outputs = _empty_outputs(built, operands)
-        others = [t for o, t in enumerate(outputs) if o not in dict(writes)]
+        others = [t for o, t in enumerate(outputs) if o not in written]
         # A misaligned written input is staged through one aligned copy, read and written
         # there (the same binding), then copied back. (A bool one is bit-packed by _launch,
         # read from the packed copy and unpacked into it.)
@@ -195,6 +196,6 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
     check = verify.first_execution(graph_id, built, inputs, written=[input_ for _, input_ in writes])
     others = _timed(built, run)
     if check is not None:
-        written, rest = dict(writes), iter(others)
+        rest = iter(others)
         check.finish([inputs[written[o]] if o in written else next(rest) for o in range(len(built.layout.outputs))], prefilled=False)
     return others

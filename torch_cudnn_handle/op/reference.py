@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import List, Sequence
 
 import torch
+from torch._prims_common import compute_required_storage_length
 
 from .. import _C, registry
 from ..interpreter import interpret_ordered
@@ -55,13 +56,6 @@ def _values(described, inputs: Sequence[torch.Tensor], compute_dtype: torch.dtyp
     return interpret_ordered(described.graph, described.inputs, described.outputs, operands, compute_dtype=compute_dtype)
 
 
-def _extent(t: torch.Tensor) -> int:
-    """Elements from a tensor's first to its last addressed one."""
-    if t.numel() == 0:
-        return 0
-    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-
-
 def _store(value: torch.Tensor, out: torch.Tensor, packed: bool) -> None:
     """Write an output's value into the op's tensor ``out``. A packed (ragged) output's
     value is the 4-D ``[B, H, S, D]`` view cuDNN writes through the offsets: its memory is
@@ -69,7 +63,7 @@ def _store(value: torch.Tensor, out: torch.Tensor, packed: bool) -> None:
     other is the graph's view of ``out`` (a natural output's shape differs), by value."""
     if packed:
         storage = value.untyped_storage().nbytes() // value.element_size() - value.storage_offset()
-        count = min(_extent(out), storage)
+        count = min(compute_required_storage_length(out.shape, out.stride(), 0), storage)  # first to last addressed element
         flat = torch.as_strided(out, (count,), (1,), out.storage_offset())
         flat.copy_(torch.as_strided(value, (count,), (1,), value.storage_offset()))
     elif tuple(out.shape) == tuple(value.shape):

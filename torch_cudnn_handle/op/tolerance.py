@@ -41,6 +41,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..interpreter.description import node_kind
 from ..registry.specs import torch_dtype_of
 
 __all__ = ["SLACK", "EPS", "OutputRule", "OutputCheck", "rules_for", "unit_of_types", "check_output"]
@@ -109,10 +110,6 @@ def unit_of_types(output: torch.dtype, *, narrow_types: Sequence[torch.dtype] = 
     return unit, why
 
 
-def _kind(node) -> str:
-    return getattr(node.node_type, "name", str(node.node_type))
-
-
 def _reduces(kind: str) -> bool:
     return kind in ("MATMUL", "REDUCTION", "GENSTATS", "SDPA", "SDPA_BWD") or kind.startswith("CONV_") or "NORM" in kind
 
@@ -134,7 +131,7 @@ def rules_for(graph, outputs: Sequence, intermediate=None) -> List[OutputRule]:
     tf32 = attention = approximate = False
     reduced_types = []
     for node in nodes:
-        kind = _kind(node)
+        kind = node_kind(node)
         reads = [_dtype_of(t.data_type) for t in node.inputs.values() if t is not None and not t.is_pass_by_value]
         if kind == "MATMUL" or kind.startswith("CONV_"):
             tf32 = tf32 or torch.float32 in reads

@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from .. import registry, settings
+from ..interpreter.description import node_kind
 from ..registry.specs import TensorSpec
 from .reference import description_for, execute_reference
 from .tolerance import OutputCheck, check_output, rules_for
@@ -69,12 +70,8 @@ def _skip(reason: str) -> None:
         _skipped[reason] += 1
 
 
-def _kind(node) -> str:
-    return getattr(node.node_type, "name", str(node.node_type))
-
-
 def _padded_attention(graph) -> list:
-    return [n for n in graph.nodes if _kind(n) in ("SDPA", "SDPA_BWD") and n.params.get("use_padding_mask")]
+    return [n for n in graph.nodes if node_kind(n) in ("SDPA", "SDPA_BWD") and n.params.get("use_padding_mask")]
 
 
 def may_leave_unwritten(described) -> bool:
@@ -127,7 +124,7 @@ def compare(name: str, layout: str, engine: str, described, got: Sequence[torch.
 
 
 def _reference_dtype(described, inputs, outputs) -> torch.dtype:
-    if any(_kind(n) in ("SDPA", "SDPA_BWD") for n in described.graph.nodes):
+    if any(node_kind(n) in ("SDPA", "SDPA_BWD") for n in described.graph.nodes):
         return torch.float32
     elements = sum(t.numel() for t in (*inputs, *outputs))
     return torch.float64 if elements <= FLOAT64_ELEMENTS else torch.float32
