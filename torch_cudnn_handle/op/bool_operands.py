@@ -23,12 +23,7 @@ from torch._prims_common import compute_required_storage_length
 
 from ..registry.specs import is_host_scalar
 
-__all__ = ["has_bool", "pack_call", "unpack_outputs"]
-
-
-def has_bool(*spec_lists: Sequence) -> bool:
-    """Whether any TensorSpec in ``spec_lists`` is a torch.bool operand."""
-    return any(spec.dtype == torch.bool for specs in spec_lists for spec in specs)
+__all__ = ["pack_call", "unpack_outputs"]
 
 
 def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:

@@ -78,7 +78,7 @@ def _launch(built, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
         torch.empty(built.workspace_size, dtype=torch.uint8, device=torch.device("cuda", built.device)) if built.workspace_size else None
     )
     inputs, launched_outputs = _aligned(inputs), outputs
-    packing = bool_operands.has_bool(built.inputs, built.layout.outputs)  # Note [Bit-packed booleans]
+    packing = built.has_bool  # Note [Bit-packed booleans]
     if packing:
         inputs, launched_outputs = bool_operands.pack_call(inputs, outputs)
     buffers = [*inputs, *launched_outputs]

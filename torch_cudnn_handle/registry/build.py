@@ -24,10 +24,9 @@ registered built graph refuses inputs on another device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import Any, Optional, Tuple
-
-import torch
 
 from .. import _C, settings
 from ..build_scope import build_scope
@@ -40,7 +39,7 @@ from .operand_views import described_specs, natural_outputs
 from .plans import engine_of, obtain
 from .plans.tuning import PlanChoice
 from .ragged import packed_of
-from .specs import GraphLayout, TensorSpec, layout_lists, torch_dtype_of
+from .specs import GraphLayout, TensorSpec, has_bool, layout_lists, torch_dtype_of
 
 __all__ = ["BuiltGraph", "build"]
 
@@ -86,6 +85,11 @@ class BuiltGraph:
     @property
     def native_serial(self) -> int:
         return self.binding.serial
+
+    @functools.cached_property
+    def has_bool(self) -> bool:
+        """Whether an operand is torch.bool, so each launch bit-packs (Note [Bit-packed booleans])."""
+        return has_bool(self.inputs, self.layout.outputs)
 
     @property
     def path_reason(self) -> str:
@@ -135,7 +139,7 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
     )
     binding = NativeBinding.on_build(
         source, enabled=_C.with_cuda and bool(settings.get("native_path")), hand_over=settings.get("native_hand_over"),
-        has_bool=any(spec.dtype == torch.bool for spec in (*specs, *layout.outputs)), lap=clock.lap,
+        has_bool=has_bool(specs, layout.outputs), lap=clock.lap,
     )
     built = BuiltGraph(
         graph, device, specs, layout, uids, workspace, binding, engine, plan=choice.plan, tuning=choice, graph_views=graph_views,

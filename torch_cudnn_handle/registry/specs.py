@@ -85,6 +85,11 @@ def layout_lists(specs) -> list:
     return [(list(s.shape), list(s.stride), s.dtype, s.host) for s in specs]
 
 
+def has_bool(*spec_lists: Sequence) -> bool:
+    """Whether any TensorSpec in ``spec_lists`` is a torch.bool operand (Note [Bit-packed booleans] in op/bool_operands.py)."""
+    return any(spec.dtype == torch.bool for specs in spec_lists for spec in specs)
+
+
 def is_host_scalar(tensor: torch.Tensor) -> bool:
     """A CPU tensor of one element (0-dim or not): the op passes it to the graph by
     value (a pass-by-value operand), as the frontend does with a CPU tensor. Any other
