@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import heapq
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
@@ -42,7 +43,7 @@ import torch
 
 from .. import _C, settings
 from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam the CPU tests replace
-from .build import BuiltGraph, build
+from .build import REFERENCE_ROUTE, BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
 from .pinned import PinnedGraphs
 from .specs import TensorSpec
@@ -66,7 +67,7 @@ class GraphCache:
         self.definitions = definitions
         self.pinned = pinned if pinned is not None else PinnedGraphs()  # registered built graphs (pinned.py)
         self._lock = threading.Lock()
-        self._entries: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
+        self._entries: Dict[tuple, _Entry] = {}
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
         self._foreground_only: set = set()  # keys whose background build failed: built in the caller's path
         self._builder: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -159,7 +160,7 @@ class GraphCache:
             self._fail(key, future, error, background)
             raise
         with self._lock:
-            self._counters["builds"] += built.route not in ("plan_store", "reference")  # a load, or the interpreter's entry: no build
+            self._counters["builds"] += built.route not in ("plan_store", REFERENCE_ROUTE)  # a load, or the interpreter's entry: no build
             self._routes[built.route] += 1
             self._plan_seconds += built.build_seconds
             self._phase_seconds.update(built.phase_seconds or {})
@@ -230,8 +231,7 @@ class GraphCache:
                 return max(entry.used_ns, native_used.get(entry.built.native_serial, 0))
 
             evicted = []
-            while len(self._entries) > capacity:
-                key, entry = min(self._entries.items(), key=last_use)
+            for key, entry in heapq.nsmallest(len(self._entries) - capacity, self._entries.items(), key=last_use):  # one pass
                 del self._entries[key]
                 self._counters["evictions"] += 1
                 evicted.append(entry.built)
@@ -250,7 +250,7 @@ class GraphCache:
         return len(evicted)
 
     def entries(self, graph_id: Optional[int] = None) -> List[BuiltGraph]:
-        """The cached BuiltGraphs (of ``graph_id``: one per device and input layout), least recently stamped first."""
+        """The cached BuiltGraphs (of ``graph_id``: one per device and input layout), in the order they were built."""
         with self._lock:
             return [entry.built for (gid, *_), entry in self._entries.items() if graph_id is None or gid == graph_id]
 
