@@ -110,7 +110,7 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
     with build_scope(device) as handle:
         clock.lap("scope")
         if settings.resolve("reference_path", definition.reference):
-            layout = describing.described_layout(definition, specs, device)
+            layout = describing.described(definition, specs, device).layout  # the description the interpreter then runs
             clock.lap("describe")
             return _reference_graph(definition, device, specs, layout, clock)
         try:
