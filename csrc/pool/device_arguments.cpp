@@ -109,7 +109,7 @@ int parse_device(py::handle device) {
     }
   } else if (!THPDevice_Check(device.ptr())) {
     TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a device, got ",
-                     py::str(py::type::of(device).attr("__name__")).cast<std::string>(), ". ", kDeviceHint);
+                     python_str(py::type::of(device).attr("__name__")), ". ", kDeviceHint);
   }
   // torch.device objects and the other device strings: torch's own rules.
   std::optional<c10::Device> parsed;
@@ -146,7 +146,7 @@ ParsedStream parse_stream(py::handle stream, int device) {
     return {reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.attr("cuda_stream").cast<int64_t>())), true};
   }
   TORCH_CHECK_TYPE(false, "torch_cudnn_handle: expected a stream, got ",
-                   py::str(py::type::of(stream).attr("__name__")).cast<std::string>(), ". ", kStreamHint);
+                   python_str(py::type::of(stream).attr("__name__")), ". ", kStreamHint);
 }
 #endif
 
