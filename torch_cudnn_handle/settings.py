@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 __all__ = [
     "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
     "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
-    "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_background_builds", "set_attention_buckets",
+    "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_background_builds", "set_build_process", "set_attention_buckets",
     "set_verify", "set_reference_path",
 ]
 
@@ -83,6 +83,8 @@ SETTINGS: Tuple[Setting, ...] = (
             "built graphs kept in memory; the least recently used is evicted first"),
     Setting("background_builds", "TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS", "bool", False,
             "a new layout's first calls run in torch ops while its plan builds on a background thread (Note [Builds off the caller's path])"),
+    Setting("build_process", "TORCH_CUDNN_HANDLE_BUILD_PROCESS", "bool", True,
+            "background builds run cuDNN's build in a helper process, so this process's Python does not wait on it (Note [The build process])"),
     Setting("attention_buckets", "TORCH_CUDNN_HANDLE_ATTENTION_BUCKETS", "bool", False,
             "nn.sdpa serves a new sequence length from one ragged plan per length bucket, with no build (Note [Length buckets])"),
     Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False,
@@ -280,6 +282,7 @@ set_plan_tuning = _setter("plan_tuning", "Tune graphs built from now on (tune=Fa
 set_tuning_file = _setter("tuning_file", "The JSON file tuned choices persist in")
 set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graphs are kept (least recently used evicted first)")
 set_background_builds = _setter("background_builds", "Build new layouts off the caller's path, the torch interpreter serving their calls meanwhile")
+set_build_process = _setter("build_process", "Run background builds of backend-only graphs in a helper process")
 set_attention_buckets = _setter("attention_buckets", "Serve nn.sdpa's new lengths from one plan per length bucket")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
 set_reference_path = _setter(

@@ -4,6 +4,8 @@
   * ``graphs()``: the graph cache (hits, misses, builds, evictions, hand-overs to the native
     path, graphs cached and where they run, routes, time spent obtaining plans, by phase);
   * ``plan_store()``: the on-disk plan store (hits, misses, writes, rejected, write errors);
+  * ``build_processes()``: the helper processes background builds run cuDNN's build in
+    (running, builds, failures and the last one's error, why the route is off);
   * ``tuning()``: plan tuning (timings done, tuning-file hits and misses, the latest choices);
   * ``native_cuda_graphs()``: the native path's CUDA graphs (populated, captured, launched, failed, kept);
   * ``verify()``: verify mode (first executions checked, mismatches, skipped by reason, seconds);
@@ -17,10 +19,10 @@ from __future__ import annotations
 from . import native, registry
 from .op import verify as verify_mode
 from .pool import pool_stats
-from .registry.plans import store
+from .registry.plans import build_process, store
 from .registry.plans.tuning import tuning_stats
 
-__all__ = ["pool", "graphs", "plan_store", "tuning", "native_cuda_graphs", "verify", "everything"]
+__all__ = ["pool", "graphs", "plan_store", "build_processes", "tuning", "native_cuda_graphs", "verify", "everything"]
 
 
 def pool() -> dict:
@@ -33,6 +35,10 @@ def graphs() -> dict:
 
 def plan_store() -> dict:
     return store.stats()
+
+
+def build_processes() -> dict:
+    return build_process.stats()
 
 
 def tuning() -> dict:
@@ -49,5 +55,5 @@ def verify() -> dict:
 
 def everything() -> dict:
     return dict(
-        pool=pool(), graphs=graphs(), plan_store=plan_store(), tuning=tuning(), native_cuda_graphs=native_cuda_graphs(), verify=verify(),
+        pool=pool(), graphs=graphs(), plan_store=plan_store(), build_processes=build_processes(), tuning=tuning(), native_cuda_graphs=native_cuda_graphs(), verify=verify(),
     )

@@ -67,3 +67,23 @@ def test_deterministic_calls_wait_for_the_build(background):
     finally:
         torch.use_deterministic_algorithms(False)
     assert tch.stats.graphs()["stand_in_calls"] == stand_ins
+
+
+def test_a_capture_waits_for_a_build_in_flight_and_captures_the_plan():
+    """FusedLinear builds off the caller's path by default (its graphs say so); a capture
+    that meets its layout's build in flight waits for it and captures the plan, never the
+    stand-in (the issue: no two implementations in one capture)."""
+    torch.manual_seed(2)
+    layer = FusedLinear(256, 256, "relu", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 333, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(x)  # the warm-up: a stand-in call, its build in flight
+        graph = torch.cuda.CUDAGraph()
+        stand_ins = tch.stats.graphs()["stand_in_calls"]
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        assert tch.stats.graphs()["stand_in_calls"] == stand_ins
+        graph.replay()
+        expected = layer(x)
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)

@@ -24,10 +24,11 @@ def cache(monkeypatch):
     """A GraphCache whose builds sleep ``cache.build_seconds`` and fail while ``cache.failures`` > 0."""
     definitions = Definitions()
     made = graph_cache.GraphCache(definitions)
-    made.build_seconds, made.failures, made.build_threads = 0.2, 0, []
+    made.build_seconds, made.failures, made.build_threads, made.off_path = 0.2, 0, [], []
 
-    def slow_build(definition, device, specs, *, deterministic=False):
+    def slow_build(definition, device, specs, *, deterministic=False, off_path=False):
         made.build_threads.append(threading.current_thread().name)
+        made.off_path.append(off_path)
         time.sleep(made.build_seconds)
         if made.failures:
             made.failures -= 1
@@ -52,6 +53,7 @@ def test_a_first_use_returns_at_once_and_builds_on_a_build_thread(cache):
     built = cache.lookup(cache.graph, 0, [X], KEY, stand_in=True)
     assert built is not None and cache.lookup(cache.graph, 0, [X], KEY) is built
     assert cache.build_threads == ["torch_cudnn_handle-build_0"]
+    assert cache.off_path == [True]  # a build process may serve it (Note [The build process])
     stats = cache.stats()
     assert (stats["background_builds"], stats["builds"]) == (1, 1)
 

@@ -103,6 +103,7 @@ def register_graph(
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
     reference: Optional[bool] = None,
+    background_builds: Optional[bool] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -123,7 +124,9 @@ def register_graph(
     * ``views``: natural operands (``OperandViews``, registry/operand_views.py); ``ragged``:
       packed ``[T, H, D]`` inputs with ragged offsets (``Ragged``, registry/ragged.py);
       ``in_place={output: input}``: outputs written into inputs, run with ``execute_``.
-    * ``tune``, ``dynamic_shapes``: per-graph choices over the settings of those names;
+    * ``tune``, ``dynamic_shapes``, ``background_builds``: per-graph choices over the
+      settings of those names (the last: a new layout's first calls run on the torch
+      interpreter while it builds, Note [Builds off the caller's path]);
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
       when they do not simply follow input dims (registry/symbolic.py).
     * ``reference=True``: CUDA calls run on the torch interpreter (``torch_cudnn_handle.
@@ -152,6 +155,7 @@ def register_graph(
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
+        background_builds=background_builds,
     )
 
 

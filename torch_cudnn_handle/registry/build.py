@@ -36,7 +36,7 @@ from .broadcasts import materialized_specs
 from .build_timing import PhaseClock
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
-from .plans import engine_of, obtain
+from .plans import DESERIALIZED_ROUTES, engine_of, obtain
 from .plans.tuning import PlanChoice
 from .ragged import packed_of
 from .specs import GraphLayout, TensorSpec, has_bool, layout_lists, torch_dtype_of
@@ -62,7 +62,7 @@ class BuiltGraph:
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[PlanChoice] = None  # what plans/tuning's build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
-    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "plan_store" (plans/) | "reference" (not built)
+    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "plan_store" | "build_process" (plans/) | "reference" (not built)
     route_reason: str = ""  # why that route
     build_seconds: float = 0.0  # wall time to obtain it: the sum of phase_seconds but first_execution
     phase_seconds: Optional[dict] = None  # seconds by phase (build_timing.py), first_execution added by the op's first launch
@@ -100,9 +100,12 @@ class BuiltGraph:
 REFERENCE_ROUTE = "reference"
 
 
-def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *, deterministic: bool = False) -> BuiltGraph:
+def build(
+    definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *, deterministic: bool = False, off_path: bool = False,
+) -> BuiltGraph:
     """``definition`` built for ``device`` and input ``specs``; the native path's binding
-    made by the settings now (``native_path``, ``native_hand_over``). A graph the
+    made by the settings now (``native_path``, ``native_hand_over``). ``off_path``: a
+    background build (a build process may build it: Note [The build process]). A graph the
     interpreter runs (``reference=True``, the ``reference_path`` setting) is not built.
     Inputs the op materializes (Note [Pointwise broadcasts]) are built for at their full
     shape: ``BuiltGraph.inputs`` are the specs the graph reads."""
@@ -114,7 +117,7 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
             clock.lap("describe")
             return _reference_graph(definition, device, specs, layout, clock)
         try:
-            obtained = obtain(definition, device, specs, handle, deterministic, clock)
+            obtained = obtain(definition, device, specs, handle, deterministic, clock, off_path=off_path)
         except Exception:
             if not deterministic:
                 raise
@@ -125,7 +128,7 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *,
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
         call_specs, specs = specs, materialized_specs(specs, obtained.layout.materialized)  # what the graph reads
-        layout = obtained.layout if obtained.route == "plan_store" else _built_layout(definition, specs, outputs, obtained.layout)
+        layout = obtained.layout if obtained.route in DESERIALIZED_ROUTES else _built_layout(definition, specs, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or engine_of(graph)
         clock.lap("inspect")

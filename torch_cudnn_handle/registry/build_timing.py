@@ -9,7 +9,10 @@ the op for the first execution), with the phases in the order they run:
     on a GPU also the frontend's lowering and the backend's check);
   * ``key``: the plan store's key of the description (a fingerprint); only with the
     store on;
-  * ``load``: the plan store's read, check and deserialize (a ``plan_store`` route);
+  * ``load``: the plan store's read, check and deserialize (a ``plan_store`` route), or
+    the check and deserialize of a plan a build process built;
+  * ``build_process``: a background build's wait for a build process (Note [The build
+    process], plans/build_process.py), which ran cuDNN's four build steps below;
   * ``operation_graph``, ``heuristics``, ``support``, ``plan``: cuDNN's build, step by
     step (``graph.build()`` is exactly these four): the backend's operation graph, the
     heuristics' ranked plan list, the support check, and building the first plan that
@@ -42,10 +45,10 @@ from typing import Dict
 __all__ = ["PHASES", "OBTAIN_PHASES", "LIBRARY_PHASES", "AFTER_BUILD_PHASES", "PhaseClock"]
 
 PHASES = (
-    "scope", "describe", "key", "load", "operation_graph", "heuristics", "support", "plan", "tune", "inspect", "serialize", "store",
+    "scope", "describe", "key", "load", "build_process", "operation_graph", "heuristics", "support", "plan", "tune", "inspect", "serialize", "store",
     "native", "first_execution", "native_hand_over",
 )
-OBTAIN_PHASES = ("load", "operation_graph", "heuristics", "support", "plan", "tune")
+OBTAIN_PHASES = ("load", "build_process", "operation_graph", "heuristics", "support", "plan", "tune")
 LIBRARY_PHASES = ("scope", "describe", "key", "inspect", "serialize", "store", "native")
 AFTER_BUILD_PHASES = ("first_execution", "native_hand_over")  # recorded by later calls, not in build_seconds
 

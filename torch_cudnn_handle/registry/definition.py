@@ -47,6 +47,7 @@ class Definition:
     ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
     views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
     reference: Optional[bool] = None  # CUDA calls run on the torch interpreter, never cuDNN; None: the reference_path setting
+    background_builds: Optional[bool] = None  # a new layout builds off the caller's path (graph_cache.py); None: the setting
 
     @property
     def is_built(self) -> bool:
@@ -127,7 +128,7 @@ class Definitions:
     def define(
         self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
         output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
-        reference: Optional[bool] = None,
+        reference: Optional[bool] = None, background_builds: Optional[bool] = None,
     ) -> int:
         """Check a registration and add its definitions (the forward's, and a backward
         graph's); returns the forward's id, its record declared in C++."""
@@ -140,8 +141,9 @@ class Definitions:
             raise TypeError(f"register_graph: views must be an OperandViews, got {type(views).__name__}")
         if backward is not None and not isinstance(backward, Backward):
             raise TypeError(f"register_graph: backward must be a Backward (Backward.graph/.steps/.function), got {type(backward).__name__}")
-        if reference is not None and not isinstance(reference, bool):
-            raise TypeError(f"register_graph: reference must be True, False or None (the setting), got {reference!r}")
+        for option, value in (("reference", reference), ("background_builds", background_builds)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"register_graph: {option} must be True, False or None (the setting), got {value!r}")
         if not isinstance(params, Mapping):
             raise TypeError(f"register_graph: params must be a dict of the builder's keyword arguments, got {type(params).__name__}")
         name = name or getattr(builder, "__name__", "graph")
@@ -170,12 +172,12 @@ class Definitions:
             backward_id = self._add(
                 name=f"{name}_backward", builder=backward.builder, params=dict(params), num_inputs=backward_arity,
                 tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
-                views=backward.views, reference=reference,  # a reference graph's backward graph is one too
+                views=backward.views, reference=reference, background_builds=background_builds,  # the backward graph's too
             )
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
             tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
-            reference=reference,
+            reference=reference, background_builds=background_builds,
         )
         backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
                                 backward_arity=backward_arity, in_place=writes)

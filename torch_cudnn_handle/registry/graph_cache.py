@@ -14,14 +14,16 @@
     and evicted.
   * Recency: one clock, CLOCK_MONOTONIC ns: the Python path stamps each hit; eviction also
     reads a native plan's last run from the extension, stamped on the same clock.
-  * Note [Builds off the caller's path]: with the ``background_builds`` setting, a call the
-    op can serve without cuDNN (the torch interpreter on the inputs' device) does not wait
-    for its layout's first build: one of two build threads builds it, and calls at that
-    layout run on the stand-in until it is done. Never under deterministic algorithms (the
-    calls wait: no two implementations in one deterministic run) nor while capturing (no
-    build can start: warm up first). A failed background build is not retried there: the
-    next call builds in its own path and raises the error. The stand-in's results agree
-    with the plan's within the engines' numerics, not bitwise.
+  * Note [Builds off the caller's path]: with the ``background_builds`` setting (or a
+    graph's ``background_builds=True``), a call the op can serve without cuDNN (the torch
+    interpreter on the inputs' device) does not wait for its layout's first build: one of
+    two build threads builds it (cuDNN's part in a build process where it can: Note [The
+    build process], plans/build_process.py), and calls at that layout run on the stand-in
+    until it is done. Never under deterministic algorithms (the calls wait: no two
+    implementations in one deterministic run) nor while capturing (a build in flight is
+    waited for; none can start: warm up first). A failed background build is not retried
+    there: the next call builds in its own path and raises the error. The stand-in's
+    results agree with the plan's within the engines' numerics, not bitwise.
   * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for the builds in flight: a
     daemon thread inside a cuDNN build while Python finalizes can crash it (SIGSEGV, H200).
   * Lifetimes: built graphs live until evicted (or dropped at exit); a call running one
@@ -100,8 +102,8 @@ class GraphCache:
             # (above) is never stored, so every such call on this path checks its inputs.
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
-        return self._build_once(key, definition, device, specs, call,
-                                stand_in and not deterministic and bool(settings.get("background_builds")))
+        background = stand_in and not deterministic and bool(settings.resolve("background_builds", definition.background_builds))
+        return self._build_once(key, definition, device, specs, call, background and not _capturing(device))
 
     def _hit(self, key) -> Optional[BuiltGraph]:
         with self._lock:
@@ -155,7 +157,7 @@ class GraphCache:
         try:
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
-            built = build(definition, device, specs, deterministic=key[3])
+            built = build(definition, device, specs, deterministic=key[3], off_path=background)
         except BaseException as error:
             self._fail(key, future, error, background)
             raise

@@ -121,6 +121,9 @@ class GraphLayout:
     def is_declared(self, index: int) -> bool:
         return not self.declared or self.declared[index]
 
+    def all_declared(self) -> bool:
+        return all(self.is_declared(i) for i in range(len(self.outputs)))
+
     def outputs_for(self, input_shapes: Sequence[Sequence[int]]) -> Tuple[TensorSpec, ...]:
         """The output specs of a call whose inputs have ``input_shapes``: a packed output
         gets the token count of the input it is like."""

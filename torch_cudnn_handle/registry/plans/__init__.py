@@ -6,6 +6,9 @@ statically, tuned or not); which route served a graph is the ``route`` of its ``
   * ``"kernel_cache"``: described with dynamic shapes and built with the kernel cache of
     its graph structure (kernel_caches.py), so kernels compiled for another layout are
     reused;
+  * ``"build_process"``: a background build of a graph only the cuDNN backend serves,
+    built by a build process (build_process.py, Note [The build process]) and
+    deserialized here, checked as a stored plan is;
   * ``"static"``: described and built as always.
 
 A build with a kernel cache that fails is built again statically, and the slot
@@ -14,8 +17,9 @@ statically, without trying the cache again. A built backend plan is stored for t
 next process (when the plan store is on).
 
 The package: ``store.py`` (bytes by key in a directory), ``stored_graphs.py`` (what a
-stored plan is, and its key), ``kernel_caches.py``, ``tuning/`` (timing the candidates);
-here ``obtain``, which the registry's build calls.
+stored plan is, and its key), ``kernel_caches.py``, ``tuning/`` (timing the candidates),
+``build_process.py`` (with ``build_worker.py``, the helper's program); here ``obtain``,
+which the registry's build calls.
 
 Runs inside the caller's ``build_scope(device)``, on its thread, with its handle.
 """
@@ -31,7 +35,7 @@ from .. import describe as describing
 from ..broadcasts import materialized_specs
 from ..build_timing import PhaseClock
 from ..specs import GraphLayout, TensorSpec, layout_lists
-from . import kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
+from . import build_process, kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
 
 __all__ = ["Obtained", "obtain", "engine_of"]
 
@@ -43,16 +47,22 @@ class Obtained:
     layout: GraphLayout
     uids: Tuple[int, ...]
     choice: plan_tuning.PlanChoice
-    route: str  # "static" | "kernel_cache" | "plan_store"
+    route: str  # "static" | "kernel_cache" | "plan_store" | "build_process"
     route_reason: str
     engine: Optional[str] = None  # what serves it (engine_of); a disk entry's recorded one (a deserialized graph cannot name it)
     serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
 
 
-def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock) -> Obtained:
+DESERIALIZED_ROUTES = ("plan_store", "build_process")  # a plan deserialized here: it writes what its description declares
+
+
+def obtain(
+    definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock, off_path: bool = False,
+) -> Obtained:
     """The graph for ``specs``, loaded or built; ``clock`` gets each phase's seconds
     (build_timing.py). Inputs the description materializes (``layout.materialized``) are
-    keyed and timed at their full shape."""
+    keyed and timed at their full shape. ``off_path``: a background build, which a build
+    process may serve (Note [The build process])."""
     dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
@@ -85,6 +95,21 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, deter
             return Obtained(
                 loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), serialized=blob,
             )
+
+    if off_path and not options and not deterministic and not plan_tuning.tuning_enabled(definition.tune) and layout.all_declared():
+        elsewhere = build_process.offer(graph, device)
+        clock.lap("build_process")
+        if elsewhere is not None:
+            blob, engine = elsewhere
+            built, why = stored_graphs.graph_of_blob(blob, definition.name, handle, uids)
+            clock.lap("load")
+            if built is not None:
+                if key is not None:
+                    stored_graphs.store_blob(key, blob, dict(plan=None, index=None, engine=engine, route="build_process"))
+                    clock.lap("store")
+                choice = plan_tuning.PlanChoice(plan=None, index=None, source="heuristic", reason="tuning off")
+                return Obtained(built, outputs, layout, uids, choice, "build_process", "built by a build process", engine, serialized=blob)
+            build_process.rejected(why)
 
     route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:

@@ -36,7 +36,7 @@ import torch
 from ...native.ubjson import decode_ubjson
 from . import store as plan_store
 
-__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "serialized_plan", "store_blob"]
+__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "graph_of_blob", "serialized_plan", "store_blob"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -140,16 +140,25 @@ def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tup
     if loaded is None:
         return None
     blob, metadata = loaded
+    graph, why = graph_of_blob(blob, name, handle, uids)
+    if graph is not None:
+        return graph, blob, metadata
+    store.reject(key, why)
+    return None
+
+
+def graph_of_blob(blob: bytes, name: str, handle, uids: Sequence[int]) -> Tuple[Optional[Any], str]:
+    """``(graph, "")``: a serialized backend plan of these operands, checked
+    (``check_blob``) and deserialized on ``handle``; or ``(None, why not)``."""
     why = check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
     if why is None:
         try:
             graph = cudnn.pygraph(name=name, handle=handle)
             graph.deserialize(handle, blob)
-            return graph, blob, metadata
+            return graph, ""
         except Exception as error:  # noqa: BLE001 -- a plan cuDNN will not take back is rejected and rebuilt
             why = f"cuDNN could not deserialize it ({type(error).__name__}: {error})"
-    store.reject(key, why)
-    return None
+    return None, why
 
 
 def serialized_plan(graph) -> Optional[bytes]:

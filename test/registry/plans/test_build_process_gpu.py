@@ -1,0 +1,91 @@
+"""Build processes on a GPU (Note [The build process]): a background build of a graph only
+the cuDNN backend serves is built by a helper process, and the plan it sends back is the
+plan an in-process build selects: the same engine, bitwise the same results, run natively.
+Graphs a Python engine family may serve (sdpa) and deterministic calls stay in-process."""
+
+import pytest
+import torch
+
+import torch_cudnn_handle as tch
+from torch_cudnn_handle.nn.linear import forward_views, linear_forward
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def background(fresh_settings):
+    fresh_settings.set_background_builds(True)
+    fresh_settings.set_build_process(True)
+    yield fresh_settings
+
+
+def _linear(name: str) -> int:
+    return tch.register_graph(linear_forward, name=name, views=forward_views("gelu"), params=dict(activation="gelu"))
+
+
+def _built(graph_id: int):
+    assert tch.registry.wait_for_builds(120) == 0
+    (built,) = tch.built_graphs(graph_id)
+    return built
+
+
+def test_a_fused_linear_built_in_a_build_process_is_the_plan_built_here(background):
+    torch.manual_seed(0)
+    x = torch.randn(3, 173, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16) / 16
+    b = torch.randn(384, device="cuda", dtype=torch.bfloat16)
+    elsewhere, here = _linear("build_process_linear_gelu"), _linear("build_process_linear_gelu_here")
+    before = tch.stats.build_processes()
+    first = tch.execute(elsewhere, [x, w, b])  # the stand-in serves it while the helper builds
+    built = _built(elsewhere)
+    assert built.route == "build_process", (built.route, built.route_reason, tch.stats.build_processes())
+    assert tch.stats.build_processes()["builds"] == before["builds"] + 1
+    assert "build_process" in built.phase_seconds and built.native, built.path_reason
+    with tch.settings.override(background_builds=False):
+        expected = tch.execute(here, [x, w, b])
+    assert tch.built_graphs(here)[0].route == "static"
+    assert built.engine == tch.built_graphs(here)[0].engine
+    later = tch.execute(elsewhere, [x, w, b])
+    for got, want, stand_in in zip(later, expected, first):
+        assert torch.equal(got, want)  # the same plan
+        torch.testing.assert_close(stand_in, want, atol=3e-2, rtol=3e-2)  # the stand-in: torch ops, within the numerics
+
+
+def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background):
+    def scaled_add(g, x, y, alpha):
+        return g.add(g.mul(x, alpha, name="scale"), y, name="add")
+
+    elsewhere = tch.register_graph(scaled_add, name="build_process_scaled_add")
+    here = tch.register_graph(scaled_add, name="build_process_scaled_add_here")
+    x, y = (torch.randn(2, 64, 96, device="cuda", dtype=torch.float16) for _ in range(2))
+    alpha = torch.tensor([0.75])  # a one-element CPU tensor: pass-by-value
+    tch.execute(elsewhere, [x, y, alpha])
+    built = _built(elsewhere)
+    assert built.route == "build_process", (built.route, tch.stats.build_processes())
+    with tch.settings.override(background_builds=False):
+        (expected,) = tch.execute(here, [x, y, alpha])
+    for value in (0.75, -2.0):  # a by-value scalar is read per call, not baked into the plan
+        (got,) = tch.execute(elsewhere, [x, y, torch.tensor([value])])
+        (want,) = tch.execute(here, [x, y, torch.tensor([value])])
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, x * value + y, atol=2e-3, rtol=2e-3)
+    assert torch.equal(tch.execute(elsewhere, [x, y, alpha])[0], expected)
+
+
+def test_sdpa_and_deterministic_builds_stay_in_this_process(background):
+    from torch_cudnn_handle.nn.attention import SDPA_INFERENCE_GRAPHS, sdpa
+
+    q, k, v = (torch.randn(1, 2, 96, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        sdpa(q, k, v, causal=True)
+    routes = {b.route for b in tch.built_graphs(SDPA_INFERENCE_GRAPHS[True]) if b.inputs[0].shape == (1, 2, 96, 64)}
+    assert routes == {"static"}  # a frost engine family may serve sdpa: its description is not sent
+    deterministic = _linear("build_process_linear_gelu_deterministic")
+    x = torch.randn(1, 40, 256, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16), torch.randn(384, device="cuda", dtype=torch.bfloat16)
+    torch.use_deterministic_algorithms(True)
+    try:
+        tch.execute(deterministic, [x, w, b])  # waits for its build, in this process
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert [b.route for b in tch.built_graphs(deterministic)] == ["static"]

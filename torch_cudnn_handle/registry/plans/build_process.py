@@ -1,0 +1,208 @@
+"""Build processes: where a background build runs cuDNN's build, off this process's GIL.
+
+Note [The build process]: the frontend's build calls hold the GIL for as long as cuDNN
+takes (a fused linear's runtime-compiled plan held it 1.2 s on the H200, measured by a
+thread counting beside the build), so a build on a background thread still stops every
+Python thread of the process, the caller it meant to spare included (FusedLinear's
+first calls took 3 to 977 ms under background builds). So a background build (Note
+[Builds off the caller's path]) of a graph the cuDNN backend alone serves is sent, as
+the frontend's JSON description, to a build process: a helper running
+``build_worker.py`` (the frontend without torch), which builds it as the registry would
+(``build([A, FALLBACK])``, the same cuDNN and GPU, hence the same plan) and sends back
+the serialized plan. The build thread waits on the pipe without the GIL, then
+deserializes the plan (about 4 ms, GIL held) as the plan store does a stored one.
+
+Which builds: ``offer`` takes a description and returns None, so that the caller builds
+in-process, for a graph a Python (frost) engine family may serve (its description is
+not the backend's JSON, and the plan walk could pick that engine), and when the
+``build_process`` setting is off. Untuned static builds with every output's layout
+declared, under no deterministic algorithms (plans/__init__.py asks for no other).
+
+Lifetime and threads: at most ``HELPERS`` helper processes, started at the first build
+offered and kept, each serving one build at a time; a build thread takes an idle one.
+Each holds a cuDNN handle and a CUDA context per device it built for (about 0.5 GiB of
+GPU memory each). They exit when their stdin closes: at this process's exit, or when
+dropped. A helper that fails to start turns the route off, with one warning saying why,
+until the setting is set again; a build that fails in a helper is built in-process (whose error, if
+any, is the one raised). A forked child never uses its parent's helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from typing import Optional, Tuple
+
+from ... import _C, settings
+from .build_worker import read_message, write_message
+
+__all__ = ["HELPERS", "BUILD_TIMEOUT_SECONDS", "offer", "build_description", "backend_only", "rejected", "stats"]
+
+HELPERS = 2  # as many as the graph cache's build threads
+BUILD_TIMEOUT_SECONDS = 600.0  # a helper silent this long is ended, and the build done in-process
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_worker.py")  # the helpers' program
+
+
+class _Helper:
+    """One build process and its pipes; used by one thread at a time."""
+
+    def __init__(self):
+        self.process = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        hello = dict(libcudnn=_C.cudnn_library_path() if _C.with_cuda else None, backend_version=_backend_version())
+        answer = self.call(hello, timeout=120.0)
+        if not answer.get("ok"):
+            self.close()
+            raise RuntimeError(answer.get("error", "no answer"))
+
+    def call(self, message, timeout: float) -> dict:
+        write_message(self.process.stdin, message)
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)  # waits without the GIL
+        answer = read_message(self.process.stdout) if ready else None
+        if answer is None:
+            self.close()
+            raise RuntimeError(f"the build process {'ended' if ready else f'gave no answer in {timeout:.0f} s'}")
+        return answer
+
+    def close(self) -> None:
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+_lock = threading.Lock()
+_idle: list = []
+_state = dict(started=0, disabled="", rejected="", last_error="", builds=0, failures=0, seconds=0.0)
+
+
+def _forget_helpers() -> None:
+    """In a forked child: its parent's helpers (and their pipes) are not its own."""
+    _idle.clear()
+    _state.update(started=0, disabled="")
+
+
+os.register_at_fork(after_in_child=_forget_helpers)
+
+
+def _rearm(on) -> None:
+    """Setting ``build_process`` (again) gives a route that failed to start another try."""
+    with _lock:
+        _state["disabled"] = ""
+
+
+settings.watch("build_process", _rearm)
+
+
+def _backend_version() -> Optional[int]:
+    """This process's cuDNN, which a helper must load too; None where no libcudnn loads
+    (no GPU here: a helper then starts, and refuses every build)."""
+    import cudnn
+
+    try:
+        return int(cudnn.backend_version())
+    except Exception:  # noqa: BLE001 -- the frontend raises its own error types for a missing libcudnn
+        return None
+
+
+def backend_only(graph) -> bool:
+    """Whether only the cuDNN backend can serve ``graph`` (a validated description): no
+    Python engine family of the frontend claims its kind of graph, so its description is
+    the backend's JSON and the plan walk has backend plans alone."""
+    from cudnn.engines import manifest  # the frontend's static table of its Python engines
+
+    return not manifest.engines_for(graph)
+
+
+def offer(graph, device: int) -> Optional[Tuple[bytes, str]]:
+    """``(serialized plan, engine name)`` of ``graph`` (a validated description, not built)
+    built for ``device`` in a build process; None where the caller builds it itself."""
+    if not settings.get("build_process") or not backend_only(graph):
+        return None
+    description = repr(graph)  # a lowered description prints as the backend's JSON
+    if "cudnn_backend_version" not in description:
+        return None
+    return build_description(description, device)
+
+
+def build_description(description: str, device: int) -> Optional[Tuple[bytes, str]]:
+    """The frontend's JSON ``description`` built for ``device`` in a build process:
+    ``(serialized plan, engine name)``, or None (no helper, or the build failed there:
+    ``stats()["last_error"]`` says why)."""
+    helper = _take()
+    if helper is None:
+        return None
+    started = time.perf_counter()
+    try:
+        answer = helper.call({"device": device, "description": description}, timeout=BUILD_TIMEOUT_SECONDS)
+    except (OSError, RuntimeError, EOFError) as error:
+        _count(failures=1, started=-1, last_error=f"{type(error).__name__}: {error}")  # closed; the next build starts another
+        return None
+    _give_back(helper)
+    if not answer.get("ok"):
+        _count(failures=1, last_error=answer.get("error", "no answer"))
+        return None
+    _count(builds=1, seconds=time.perf_counter() - started)
+    return answer["blob"], answer["engine"]
+
+
+def rejected(why: str) -> None:
+    """A plan a build process sent that this process would not take (plans/'s check, or
+    cuDNN's deserialize): counted, warned about once, and built in-process."""
+    _count(failures=1)
+    with _lock:
+        first, _state["rejected"] = not _state["rejected"], why
+    if first:
+        warnings.warn(f"torch_cudnn_handle: a plan from a build process was rejected ({why}); built in this process instead",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _take() -> Optional[_Helper]:
+    """An idle helper, or a new one while fewer than HELPERS run; None when the route is off."""
+    with _lock:
+        if _state["disabled"]:
+            return None
+        if _idle:
+            return _idle.pop()
+        if _state["started"] >= HELPERS:
+            return None  # every helper is busy: build in-process rather than queue
+        _state["started"] += 1
+    try:
+        return _Helper()
+    except (OSError, RuntimeError) as error:
+        with _lock:
+            _state["started"] -= 1
+            _state["disabled"] = str(error)
+        warnings.warn(
+            f"torch_cudnn_handle: a build process could not start ({error}); background builds run cuDNN's build in this "
+            "process, which holds the GIL while it builds. settings.set_build_process(False) silences this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def _give_back(helper: _Helper) -> None:
+    with _lock:
+        _idle.append(helper)
+
+
+def _count(last_error: Optional[str] = None, **increments) -> None:
+    with _lock:
+        for name, value in increments.items():
+            _state[name] += value
+        if last_error is not None:
+            _state["last_error"] = last_error
+
+
+def stats() -> dict:
+    """Helpers running, builds served and their seconds, failures (each built in-process
+    instead) and the last one's error, and why the route is off ("" when it is not)."""
+    with _lock:
+        return dict(running=_state["started"], builds=_state["builds"], seconds=_state["seconds"], failures=_state["failures"],
+                    last_error=_state["last_error"], disabled=_state["disabled"])
