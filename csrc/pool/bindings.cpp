@@ -3,6 +3,8 @@
 // current_handle() is C++ because it is on every call's path: parsing the device and
 // stream, reserving the thread's handle and setting its stream together cost well
 // under a microsecond, where the same steps in Python cost several.
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
 #include <torch/extension.h>
 
 #include "bindings.h"
@@ -95,6 +97,14 @@ void bind_pool(py::module& m) {
       pool_docs::kBindContext);
   m.def("current_context_device", &context::current_context_device,
         "The device of the CUDA context current on this thread, or -1 when none is.");
+  m.def(
+      "relax_capture_mode_for_this_thread",
+      [] {
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      },
+      "Let this thread's CUDA calls (cuDNN's allocations in a build) run while another thread captures a CUDA graph "
+      "in global mode: this thread is part of no capture. The registry's build threads call it once, at their start.");
   m.def("forked_after_handles", &forked_after_handles,
         "Whether this process is a child forked after its parent created cuDNN handles.");
 }

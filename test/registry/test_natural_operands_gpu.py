@@ -86,6 +86,9 @@ def test_fused_linear_equals_the_view_based_route(activation, dtype):
     layer = FusedLinear(256, 384, activation, device="cuda", dtype=dtype)
     x = torch.randn(4, 64, 256, device="cuda").to(dtype)
     dy = torch.randn(4, 64, 384, device="cuda").to(dtype)
+    layer(x.detach().requires_grad_()).backward(dy)  # its graphs build off the caller's path (the stand-in serves this call)
+    assert tch.registry.wait_for_builds(120) == 0
+    layer.zero_grad(set_to_none=True)
     (x_new,) = _leaves(x)
     y_new = layer(x_new)
     y_new.backward(dy)
@@ -126,6 +129,7 @@ def test_a_warm_step_runs_no_python(module):
     x = torch.randn(2, 96, 512, **bf16).requires_grad_()
     for _ in range(2):  # the first step builds each graph (Python), the second hands its plan to C++
         layer(x).float().sum().backward()
+        assert tch.registry.wait_for_builds(120) == 0  # FusedLinear builds off the caller's path
     calls = []
     with _recording_python_kernels(calls):
         layer(x).float().sum().backward()
@@ -145,6 +149,10 @@ def test_the_python_path_computes_the_same(module, tmp_path):
         bf16 = dict(device="cuda", dtype=torch.bfloat16)
         layer = RMSNorm(512, **bf16) if {module!r} == "rmsnorm" else FusedLinear(512, 768, "gelu", **bf16)
         x = torch.randn(2, 96, 512, **bf16).requires_grad_()
+        layer(x).float().sum().backward()  # FusedLinear builds off the caller's path: the plans are compared, not the stand-in
+        assert tch.registry.wait_for_builds(120) == 0
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
         y = layer(x)
         y.backward(torch.randn_like(y))
         torch.save([y.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in layer.parameters()], sys.argv[1])

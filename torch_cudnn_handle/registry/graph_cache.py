@@ -55,6 +55,13 @@ __all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
 EXIT_WAIT_SECONDS = 30.0  # the longest the exit hook waits for builds in flight (a fused linear builds in ~1.5 s)
 
 
+def _relaxed_build_thread() -> None:
+    """A build thread is part of no CUDA-graph capture: cuDNN's allocations there must not
+    end a capture another thread makes in global mode (one that waits for this build)."""
+    if _C.with_cuda:
+        _C.relax_capture_mode_for_this_thread()
+
+
 class _Entry:
     __slots__ = ("built", "used_ns")
 
@@ -184,7 +191,8 @@ class GraphCache:
         """The two build threads, made on first use (the exit hook waits for their builds)."""
         with self._lock:
             if self._builder is None:
-                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="torch_cudnn_handle-build")
+                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="torch_cudnn_handle-build",
+                                                                      initializer=_relaxed_build_thread)
             return self._builder
 
     def _reused(self, built: BuiltGraph) -> BuiltGraph:

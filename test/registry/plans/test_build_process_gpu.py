@@ -52,24 +52,28 @@ def test_a_fused_linear_built_in_a_build_process_is_the_plan_built_here(backgrou
 
 
 def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background):
-    def scaled_add(g, x, y, alpha):
-        return g.add(g.mul(x, alpha, name="scale"), y, name="add")
+    def scaled_matmul(g, a, b, alpha):
+        y = g.mul(g.matmul(a, b, name="mm"), alpha, name="scale")
+        dim = [a.dim[0], a.dim[1], b.dim[2]]
+        return y.set_dim(dim).set_stride([dim[1] * dim[2], dim[2], 1]).set_data_type(a.data_type)
 
-    elsewhere = tch.register_graph(scaled_add, name="build_process_scaled_add")
-    here = tch.register_graph(scaled_add, name="build_process_scaled_add_here")
-    x, y = (torch.randn(2, 64, 96, device="cuda", dtype=torch.float16) for _ in range(2))
+    elsewhere = tch.register_graph(scaled_matmul, name="build_process_scaled_matmul")
+    here = tch.register_graph(scaled_matmul, name="build_process_scaled_matmul_here")
+    a, b = torch.randn(1, 96, 64, device="cuda", dtype=torch.float16), torch.randn(1, 64, 80, device="cuda", dtype=torch.float16)
     alpha = torch.tensor([0.75])  # a one-element CPU tensor: pass-by-value
-    tch.execute(elsewhere, [x, y, alpha])
-    built = _built(elsewhere)
-    assert built.route == "build_process", (built.route, tch.stats.build_processes())
+    tch.execute(elsewhere, [a, b, alpha])
+    assert tch.registry.wait_for_builds(120) == 0
     with tch.settings.override(background_builds=False):
-        (expected,) = tch.execute(here, [x, y, alpha])
+        (expected,) = tch.execute(here, [a, b, alpha])
+        tch.execute(elsewhere, [a, b, alpha])  # a failed background build raises here, in the call's own build
+    (built,) = tch.built_graphs(elsewhere)
+    assert built.route == "build_process", (built.route, tch.stats.build_processes())
     for value in (0.75, -2.0):  # a by-value scalar is read per call, not baked into the plan
-        (got,) = tch.execute(elsewhere, [x, y, torch.tensor([value])])
-        (want,) = tch.execute(here, [x, y, torch.tensor([value])])
+        (got,) = tch.execute(elsewhere, [a, b, torch.tensor([value])])
+        (want,) = tch.execute(here, [a, b, torch.tensor([value])])
         assert torch.equal(got, want)
-        torch.testing.assert_close(got, x * value + y, atol=2e-3, rtol=2e-3)
-    assert torch.equal(tch.execute(elsewhere, [x, y, alpha])[0], expected)
+        torch.testing.assert_close(got, (a @ b) * value, atol=2e-2, rtol=2e-2)
+    assert torch.equal(tch.execute(elsewhere, [a, b, alpha])[0], expected)
 
 
 def test_sdpa_and_deterministic_builds_stay_in_this_process(background):
