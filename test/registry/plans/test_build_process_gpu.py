@@ -60,7 +60,7 @@ def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background)
     elsewhere = tch.register_graph(scaled_matmul, name="build_process_scaled_matmul")
     here = tch.register_graph(scaled_matmul, name="build_process_scaled_matmul_here")
     a, b = torch.randn(1, 96, 64, device="cuda", dtype=torch.float16), torch.randn(1, 64, 80, device="cuda", dtype=torch.float16)
-    alpha = torch.tensor([0.75])  # a one-element CPU tensor: pass-by-value
+    alpha = torch.full((1, 1, 1), 0.75)  # a one-element CPU tensor (with the operand's rank, as cuDNN wants): pass-by-value
     tch.execute(elsewhere, [a, b, alpha])
     assert tch.registry.wait_for_builds(120) == 0
     with tch.settings.override(background_builds=False):
@@ -69,8 +69,8 @@ def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background)
     (built,) = tch.built_graphs(elsewhere)
     assert built.route == "build_process", (built.route, tch.stats.build_processes())
     for value in (0.75, -2.0):  # a by-value scalar is read per call, not baked into the plan
-        (got,) = tch.execute(elsewhere, [a, b, torch.tensor([value])])
-        (want,) = tch.execute(here, [a, b, torch.tensor([value])])
+        (got,) = tch.execute(elsewhere, [a, b, torch.full((1, 1, 1), value)])
+        (want,) = tch.execute(here, [a, b, torch.full((1, 1, 1), value)])
         assert torch.equal(got, want)
         torch.testing.assert_close(got, (a @ b) * value, atol=2e-2, rtol=2e-2)
     assert torch.equal(tch.execute(elsewhere, [a, b, alpha])[0], expected)
