@@ -15,9 +15,9 @@ and their total over all sizes is the subset's mean times the count (marked "est
    token counts 4x those lengths: the module as it comes (its graphs build off the caller's
    path, Note [Builds off the caller's path], in a build process: Note [The build process]),
    its forward graph built in the call (static; kernel cache where accepted), torch eager.
-3. ``block``: ``TransformerBlock(1024, 16)`` bf16, batch 2: the first training step at
-   ``--block-lengths`` new lengths against the steady step at that length, the library's
-   and torch eager's.
+3. ``block``: ``TransformerBlock(1024, 16)`` bf16, batch 2, its attention by length bucket:
+   the first training step at ``--block-lengths`` new lengths against the steady step at
+   that length, the library's and torch eager's.
 4. ``processes``: two processes sharing a plan store run the main job's block's first
    training step: plan obtaining seconds, cold and warm (goal <= 0.1).
 
@@ -298,7 +298,8 @@ def main() -> None:
                    f"{tokens[0]}..{tokens[-1]}", figures[key], "torch eager")
     if "block" in parts:
         block_lengths = draw(args.block_lengths, args.seed + 2)
-        figures["block"] = block_part(block_lengths)
+        with tch.settings.override(attention_buckets=True):  # its attention by length bucket (torch's block ignores it)
+            figures["block"] = block_part(block_lengths)
         print(f"\nTransformerBlock(1024, 16) bf16 batch 2, first training step at {len(block_lengths)} new lengths "
               f"{block_lengths[0]}..{block_lengths[-1]} (medians over lengths)")
         for name, entry in figures["block"].items():
