@@ -69,10 +69,9 @@ def test_deterministic_calls_wait_for_the_build(background):
     assert tch.stats.graphs()["stand_in_calls"] == stand_ins
 
 
-def test_a_capture_waits_for_a_build_in_flight_and_captures_the_plan():
-    """FusedLinear builds off the caller's path by default (its graphs say so); a capture
-    that meets its layout's build in flight waits for it and captures the plan, never the
-    stand-in (the issue: no two implementations in one capture)."""
+def test_a_capture_waits_for_a_build_in_flight_and_captures_the_plan(background):
+    """A capture that meets its layout's build in flight waits for it and captures the
+    plan, never the stand-in (no two implementations in one capture)."""
     torch.manual_seed(2)
     layer = FusedLinear(256, 256, "relu", device="cuda", dtype=torch.bfloat16)
     x = torch.randn(1, 333, 256, device="cuda", dtype=torch.bfloat16)

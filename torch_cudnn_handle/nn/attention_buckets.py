@@ -12,17 +12,17 @@ batch size, serves every length S up to the bucket, with no copy and no padded p
 computed: the sequence lengths mask the rest. Inputs in another dimension order are
 copied into token-major order first.
 
-The buckets: one, ``MIN_BUCKET`` = 4096 tokens, for every length up to it, then powers of
-two (``bucket_of``). Measured on the H200 (causal fwd+bwd, bf16): a ragged plan's cost
-follows the real length, not its bucket (B=4 H=16 D=128 at 3000 tokens, 1.27 ms in the
-4096 bucket against 1.21 for the dense plan), so a bucket per power of two bought nothing
-at steady state and cost a build per bucket: 6 builds (about 0.1 s each) made most of
-the 0.82 s that 200 new lengths' first calls took, against 0.18 s for torch's flash
-backend. Results for a given length are bitwise repeatable (the same plan); they differ
-from the dense graph's within the engines' numerics (another engine serves a ragged
-graph). The offsets and lengths are small device tensors written per call
-(``lengths_and_offsets``: one copy from the host; kernels while capturing). Which route
-serves ``nn.sdpa`` is the ``attention_buckets`` setting.
+The buckets are powers of two from ``MIN_BUCKET`` (``bucket_of``), chosen by measurement
+(H200, causal fwd+bwd bf16, B=2 H=8 D=64, 200 new lengths in [64, 4096]): with them a
+bucketed call's steady time was 1.16x the dense plan's at the same length (the median
+over 16 lengths) and the first calls of all 200 took 0.82 s (six bucket builds, then
+0.59 ms a call); one bucket of 4096 for every length made it one build but 3.0x at steady
+state (0.78 against 0.14 ms at 321 tokens: a ragged plan does not skip all of its bucket's
+padding) and its build took 1.6 s. Results for a given length are bitwise repeatable (the
+same plan); they differ from the dense graph's within the engines' numerics (another
+engine serves a ragged graph). The offsets and lengths are small device tensors written
+per call (``lengths_and_offsets``: one copy from the host; kernels while capturing).
+Which route serves ``nn.sdpa`` is the ``attention_buckets`` setting.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from ..registry import Backward, BackwardOperand, Ragged, register_graph
 
 __all__ = ["MIN_BUCKET", "bucket_of", "bucketed_sdpa", "lengths_and_offsets"]
 
-MIN_BUCKET = 4096  # the smallest bucket, which every length up to it shares (Note [Length buckets]: why)
+MIN_BUCKET = 128  # the smallest bucket, which every shorter length shares (Note [Length buckets]: why powers of two)
 
 
 def bucket_of(length) -> int:
-    """The max_seq_len a sequence of ``length`` tokens is served at: MIN_BUCKET, or the next
-    power of two above it. Found by comparisons, so under torch.compile(dynamic=True) a
-    symbolic length guards only on its bucket's range: one compiled frame per bucket."""
+    """The max_seq_len a sequence of ``length`` tokens is served at: the next power of two, at
+    least MIN_BUCKET. Found by comparisons, so under torch.compile(dynamic=True) a symbolic
+    length guards only on its bucket's range: one compiled frame per bucket, not per length."""
     bucket = MIN_BUCKET
     while length > bucket:
         bucket *= 2
