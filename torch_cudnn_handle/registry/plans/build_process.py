@@ -21,14 +21,15 @@ declared, under no deterministic algorithms (plans/__init__.py asks for no other
 Lifetime and threads: at most ``HELPERS`` helper processes, started at the first build
 offered and kept, each serving one build at a time; a build thread takes an idle one.
 Each holds a cuDNN handle and a CUDA context per device it built for (about 0.5 GiB of
-GPU memory each). They exit when their stdin closes: at this process's exit, or when
-dropped. A helper that fails to start turns the route off, with one warning saying why,
+GPU memory each). They exit when their stdin closes: idle ones are let go at this
+process's exit (a busy one goes with its pipe when the process ends), a failed one at once. A helper that fails to start turns the route off, with one warning saying why,
 until the setting is set again; a build that fails in a helper is built in-process (whose error, if
 any, is the one raised). A forked child never uses its parent's helpers.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import subprocess
@@ -68,12 +69,15 @@ class _Helper:
             raise RuntimeError(f"the build process {'ended' if ready else f'gave no answer in {timeout:.0f} s'}")
         return answer
 
-    def close(self) -> None:
+    def close(self, grace_seconds: float = 0.0) -> None:
+        """Close its pipes (it exits at the end of its stdin); killed if still running after ``grace_seconds``."""
         for stream in (self.process.stdin, self.process.stdout):
             stream.close()
-        if self.process.poll() is None:
+        try:
+            self.process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-        self.process.wait()
+            self.process.wait()
 
 
 _lock = threading.Lock()
@@ -88,6 +92,16 @@ def _forget_helpers() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
+
+
+@atexit.register
+def _let_idle_helpers_go() -> None:
+    """At exit, idle helpers are told to go (their stdin closes: they exit at once); one
+    still in a build is left to exit with its pipe when this process ends."""
+    with _lock:
+        idle, _idle[:] = list(_idle), []
+    for helper in idle:
+        helper.close(grace_seconds=1.0)
 
 
 def _rearm(on) -> None:
