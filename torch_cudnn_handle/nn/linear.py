@@ -117,19 +117,12 @@ def forward_views(activation: Optional[str]) -> OperandViews:
 # The backward's graphs on natural operands: dZ [..., N] from dY and y (relu) or z (gelu);
 # dX [..., K] = dZ @ W; dW [N, K] = dZ^T @ X.
 _POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
-# How FusedLinear's graphs (the step graphs too) build a new token count: as the
-# background_builds setting says (off by default: docs/known-limits.md, builds off the
-# caller's path, says why).
-NEW_SHAPES = dict(background_builds=None)
-RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS, **NEW_SHAPES)
-GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS, **NEW_SHAPES)
+RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS)
+GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS)
 MATMUL_DX = register_graph(
-    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
-    **NEW_SHAPES,
+    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])])
 )
-MATMUL_DW = register_graph(
-    matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]), **NEW_SHAPES,
-)
+MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]))
 
 
 def _backward_steps(activation: Optional[str]):
@@ -159,7 +152,6 @@ def _register_linear(activation: Optional[str]) -> int:
         params=dict(activation=activation),
         views=forward_views(activation),
         backward=Backward.steps(steps, grads=grads),
-        **NEW_SHAPES,
     )
 
 

@@ -22,9 +22,10 @@ Lifetime and threads: at most ``HELPERS`` helper processes, started at the first
 offered and kept, each serving one build at a time; a build thread takes an idle one.
 Each holds a cuDNN handle and a CUDA context per device it built for (about 0.5 GiB of
 GPU memory each). They exit when their stdin closes: idle ones are let go at this
-process's exit (a busy one goes with its pipe when the process ends), a failed one at once. A helper that fails to start turns the route off, with one warning saying why,
-until the setting is set again; a build that fails in a helper is built in-process (whose error, if
-any, is the one raised). A forked child never uses its parent's helpers.
+process's exit (a busy one goes with its pipe when the process ends), a failed one at
+once. A helper that fails to start turns the route off, with one warning saying why,
+until the setting is set again; a build that fails in a helper is built in-process
+(whose error, if any, is the one raised). A forked child never uses its parent's helpers.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A build process's program: builds graph descriptions it is sent, returns serialized plans.
 
-Run by build_process.py as a script (``python build_worker.py``), never imported by the
-package: it imports the frontend and the CUDA runtime bindings only, not torch, so it
-starts in a fraction of a second. Its parent speaks to it over its stdin and stdout in
+Run by build_process.py as a script (``python build_worker.py``); the package imports it
+only for the message framing the two share. It imports the frontend and the CUDA runtime
+bindings only, not torch, so it starts in a fraction of a second. Its parent speaks to it over its stdin and stdout in
 messages (``read_message`` / ``write_message``: an 8-byte length, then a pickle); its
 own prints go to stderr, which it shares with the parent. Note [The build process]
 (build_process.py) says why it exists.
