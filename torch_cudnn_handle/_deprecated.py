@@ -30,8 +30,11 @@ def set_plan_tuning(enabled: bool, cache_file: Optional[str] = None) -> bool:
 
 
 def registry_stats() -> dict:
-    """The graph cache's counters with the plan store's as ``disk_*``, as before."""
-    return dict(stats.graphs(), **{f"disk_{name}": n for name, n in stats.plan_store().items()})
+    """The graph cache's counters with the plan store's as ``disk_*`` and its route under
+    its old name ``"disk_cache"``, as before."""
+    graphs = stats.graphs()
+    graphs["routes"] = {("disk_cache" if route == "plan_store" else route): n for route, n in graphs["routes"].items()}
+    return dict(graphs, **{f"disk_{name}": n for name, n in stats.plan_store().items()})
 
 
 # old name -> (the function that serves it, the replacement to name)

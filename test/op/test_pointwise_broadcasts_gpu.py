@@ -68,11 +68,32 @@ def _inputs(shapes, dtype, seed):
     return [(torch.randn(*shape, generator=gen) * 2).to(dtype=dtype, device="cuda") for shape in shapes]
 
 
+def _expected(inputs, fn, dtype) -> torch.Tensor:
+    return fn(*(t.double() for t in inputs)).to(dtype).double()
+
+
+def _relative_error(out, expected) -> float:
+    return float((out.double() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
+
+
 def _error(graph_id, inputs, fn) -> float:
     """The op's largest error against torch in float64, relative to the largest expected value."""
     (out,) = tch.execute(graph_id, inputs)
-    expected = fn(*(t.double() for t in inputs)).to(out.dtype).double()
-    return float((out.double() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
+    return _relative_error(out, _expected(inputs, fn, out.dtype))
+
+
+def _what_was_wrong(graph_id, inputs, fn, tol) -> str:
+    """A wrong result described: the next two calls' errors (is it repeatable?) and, for the
+    first of them, how many elements are off and how many of those are zero (never written?)."""
+    (out,) = tch.execute(graph_id, inputs)
+    torch.cuda.synchronize()
+    expected = _expected(inputs, fn, out.dtype)
+    scale = max(float(expected.abs().max()), 1e-6)
+    off = (out.double() - expected).abs() > tol * scale
+    zeros = off & (out == 0)
+    (built,) = tch.built_graphs(graph_id)
+    return (f"next call {_relative_error(out, expected):.3g} ({int(off.sum())} of {out.numel()} elements off, {int(zeros.sum())} of them 0), "
+            f"the call after {_error(graph_id, inputs, fn):.3g}; route {built.route}, engine {built.engine}, native {built.native}")
 
 
 def _error_or_refusal(graph_id, inputs, fn):
@@ -113,8 +134,13 @@ def test_pointwise_broadcast_grid(dtype, monkeypatch):
         if covered and not materialized:
             problems.append(f"{name}: the rule does not materialize it")
         if not handled <= tol:  # nan included
-            problems.append(f"{name}: the op's result is off by {handled:.3g} of the largest value (materialized {materialized})")
-        _error(handled_id, inputs, fn)  # its second call: the native plan on the materialized tensor (or the Python path)
+            problems.append(f"{name}: the op's result is off by {handled:.3g} of the largest value (materialized {materialized}); "
+                            + _what_was_wrong(handled_id, inputs, fn, tol))
+            continue
+        second = _error(handled_id, inputs, fn)  # the native plan on the materialized tensor (or the Python path)
+        if not second <= tol:
+            problems.append(f"{name}: the op's second call is off by {second:.3g} of the largest value (materialized {materialized}); "
+                            + _what_was_wrong(handled_id, inputs, fn, tol))
     table = [f"Pointwise broadcasts on {torch.cuda.get_device_name()}, {str(dtype).replace('torch.', '')} "
              f"(error relative to the largest value; wrong above {tol:g}):",
              "| pattern | cuDNN as written | through the op | materialized |", "| --- | --- | --- | --- |"]
