@@ -20,8 +20,10 @@ over 16 lengths) and the first calls of all 200 took 0.82 s (six bucket builds, 
 state (0.78 against 0.14 ms at 321 tokens: a ragged plan does not skip all of its bucket's
 padding) and its build took 1.6 s. Results for a given length are bitwise repeatable (the
 same plan); they differ from the dense graph's within the engines' numerics (another
-engine serves a ragged graph). The offsets and lengths are small device tensors written
-per call (``lengths_and_offsets``: three small kernels, four when training).
+engine serves a ragged graph). The offsets and lengths are small device tensors that cuDNN
+only reads (``lengths_and_offsets``: three small kernels, four when training), written once
+per (device, batch, length, heads, head size) and kept for the process (``_kept``), so a
+steady call launches none of them.
 Which route serves ``nn.sdpa`` is the ``attention_buckets`` setting.
 """
 
@@ -139,6 +141,35 @@ def lengths_and_offsets(batch: int, length: int, heads: int, head_dim: int, devi
     return [lengths, lengths, offsets, offsets] + ([starts * heads] if training else [])
 
 
+# Lengths and offsets kept for the process (Note [Length buckets]): key -> (tensors, the
+# stream that wrote them, an event after the writes). Never freed, so no stream can read a
+# freed buffer; at most _KEPT_LIMIT keys (a few hundred bytes each), later ones made per call.
+# Made fresh, never kept, while compiling (traced) or capturing (the graph's own pool).
+_KEPT_LIMIT = 4096
+_kept: Dict[tuple, Tuple[list, torch.cuda.Stream, torch.cuda.Event]] = {}
+
+
+def _kept_lengths_and_offsets(batch: int, length: int, heads: int, head_dim: int, device, training: bool) -> list:
+    """``lengths_and_offsets``, written on first use and reused; a stream other than the one
+    that wrote them waits for the writes (an event, no host wait)."""
+    if device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return lengths_and_offsets(batch, length, heads, head_dim, device, training)
+    key = (device.index, batch, length, heads, head_dim, training)
+    stream = torch.cuda.current_stream(device)
+    found = _kept.get(key)
+    if found is None:
+        made = lengths_and_offsets(batch, length, heads, head_dim, device, training)
+        if len(_kept) >= _KEPT_LIMIT:
+            return made
+        event = torch.cuda.Event()
+        event.record(stream)
+        found = _kept.setdefault(key, (made, stream, event))  # another thread's, if it won the race
+    tensors, written_on, written = found
+    if written_on != stream:
+        stream.wait_event(written)
+    return tensors
+
+
 def _token_major(t: torch.Tensor) -> torch.Tensor:
     """``[B, H, S, D]`` as its packed ``[B*S, H, D]`` buffer: a view when token-major (BSHD), else a copy.
     (``contiguous`` first: with B = 1, ``reshape`` alone would give a head-major view, not a copy.)"""
@@ -153,6 +184,6 @@ def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     b, h, s, d = q.shape
     if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d):
         raise ValueError(f"bucketed sdpa: q, k and v must have one shape, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    operands = [_token_major(q), _token_major(k), _token_major(v), *lengths_and_offsets(b, s, h, d, q.device, training)]
+    operands = [_token_major(q), _token_major(k), _token_major(v), *_kept_lengths_and_offsets(b, s, h, d, q.device, training)]
     o = execute(_graph(bool(causal), bucket_of(s), training), operands)[0]
     return o.view(b, s, h, d).transpose(1, 2)
