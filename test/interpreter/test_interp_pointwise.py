@@ -1,13 +1,15 @@
 """The interpreter's POINTWISE modes against torch's own ops (CPU, real numbers)."""
 
 import math
+import types
 
 import cudnn
 import pytest
 import torch
 import torch.nn.functional as F
 
-from support.interpreter import assert_close, randn, run
+from support.interpreter import assert_close, describe, randn, run
+from torch_cudnn_handle.interpreter import interpret_ordered
 
 SHAPE = (2, 8, 16)
 
@@ -188,15 +190,20 @@ def test_a_clipped_relu_backward_is_refused_by_its_attribute():
 
 
 def test_an_unknown_mode_is_refused_with_the_nodes_name():
+    """The mode is changed after validation (cuDNN, where a GPU lowers the description, has no 'exp2' either)."""
     x = randn(*SHAPE)
+    graph, ins, outs, _ = describe(lambda g, x: g.exp(x, name="not_exp"), [x])
 
-    def builder(g, x):
-        y = g.exp(x, name="not_exp")
-        g.get_node("not_exp").params["mode"] = "exp2"  # a mode this interpreter has no semantics for
-        return y
+    class Renamed:  # the node as the interpreter reads it, its (read-only once validated) params changed
+        def __init__(self, node):
+            self.node, self.params = node, {**node.params, "mode": "exp2"}  # a mode this interpreter has no semantics for
 
+        def __getattr__(self, name):
+            return getattr(self.node, name)
+
+    seen = types.SimpleNamespace(nodes=[Renamed(n) if n.name == "not_exp" else n for n in graph.nodes])  # all the interpreter reads
     with pytest.raises(NotImplementedError, match=r"node 'not_exp' \(POINTWISE\) attribute 'mode' = 'exp2'"):
-        run(builder, [x])
+        interpret_ordered(seen, ins, outs, [x])
 
 
 def test_gelu_exact_and_tanh_differ_and_each_matches_its_torch_twin():
@@ -205,4 +212,7 @@ def test_gelu_exact_and_tanh_differ_and_each_matches_its_torch_twin():
     assert (exact - approximate).abs().max() > 1e-4
     assert_close(exact, F.gelu(x))
     assert_close(approximate, F.gelu(x, approximate="tanh"))
-    assert math.isclose(float(exact[0, 0, 0]), float(F.gelu(torch.tensor(-4.0))), rel_tol=1e-5)
+    # In the tail the two formulas are far apart (at -4: -1.27e-4 exact, -7.1e-5 tanh);
+    # float32 erf implementations differ there by ~2e-3 relative (torch's vectorized CPU
+    # path against its scalar one on an AVX-512 host), so the exact value is checked in float64.
+    assert math.isclose(float(exact[0, 0, 0]), float(F.gelu(torch.tensor(-4.0, dtype=torch.float64))), rel_tol=1e-2)
