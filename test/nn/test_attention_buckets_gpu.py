@@ -177,7 +177,7 @@ def test_a_second_process_loads_the_buckets_plans_from_the_plan_store(tmp_path):
     def child():
         done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
-        return dict(json.loads(done.stdout.strip().splitlines()[-1]), stderr=done.stderr[-2000:])  # warnings say why a plan was rejected
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
     first, second = child(), child()
     assert "plan_store" not in first["routes"] and first["store"]["writes"] >= 2, first  # both plans stored

@@ -237,12 +237,6 @@ def test_a_blob_that_does_not_fit_is_refused_with_the_reason(changes, why):
     assert why in check(serialized(**changes))
 
 
-def test_an_operand_held_inside_another_tensor_is_one_of_the_plans_tensors():
-    """A packed tensor holds its ragged offset's tensor: that operand is in the plan too."""
-    nested = {"operationGraph": {"tensors": [{"name": "1", "dim": [2, 8, 136, 64], "ragged_offset": {"name": "2", "dim": [3, 1, 1, 1]}}]}}
-    assert check(serialized(cudnn_backend_data=encode_json(nested))) is None
-
-
 def test_bytes_that_are_no_serialized_graph_are_refused():
     assert "not the frontend's serialized format" in check(b"\x00garbage")
 

@@ -105,7 +105,7 @@ def check_blob(blob: bytes, uids: Sequence[int], *, backend_version: int, fronte
         return f"its variant pack {sorted(pack)} lacks operands {sorted(set(uids) - pack)}"
     try:
         plan = json.loads(document.get("cudnn_backend_data") or "{}")
-        tensors = set(_tensor_names(plan.get("operationGraph", {}).get("tensors", [])))
+        tensors = {str(t.get("name")): t for t in plan.get("operationGraph", {}).get("tensors", []) if isinstance(t, dict)}
     except (ValueError, AttributeError) as error:
         return f"its backend plan is not readable JSON ({error})"
     # Each operand must be one of the plan's tensors. Their dims and strides are not
@@ -115,15 +115,6 @@ def check_blob(blob: bytes, uids: Sequence[int], *, backend_version: int, fronte
         if str(uid) not in tensors:
             return f"operand {uid} is not in its backend plan"
     return None
-
-
-def _tensor_names(entries):
-    """The names (uids) of the backend plan's tensors and of the tensors nested in them (a
-    packed tensor's ragged offset is held by the tensor it offsets, not listed beside it)."""
-    for entry in entries if isinstance(entries, list) else ():
-        if isinstance(entry, dict):
-            yield str(entry.get("name"))
-            yield from _tensor_names([value for value in entry.values() if isinstance(value, dict)])
 
 
 def _version_forms(version) -> set:
