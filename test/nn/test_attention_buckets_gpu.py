@@ -1,8 +1,8 @@
 """Length buckets on a GPU (Note [Length buckets]): ``nn.sdpa`` served by its length's
 ragged bucket plan, forward and backward, against torch in float32 and against the exact
 (dense) plan, on every path a call can take: eager on the native path, torch.compile with
-dynamic shapes, CUDA-graph capture, another stream, threads, and a second process that
-loads the bucket's plans from the plan store."""
+dynamic shapes, CUDA-graph capture, another stream, threads, and a second process, which builds the
+bucket's plans again (they are not stored: stored_graphs.key_of)."""
 
 import json
 import os
@@ -171,15 +171,16 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_second_process_loads_the_buckets_plans_from_the_plan_store(tmp_path):
+def test_a_second_process_builds_the_buckets_plans_again_without_the_plan_store(tmp_path):
     env = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_STORE="1", TORCH_CUDNN_HANDLE_PLAN_STORE_DIR=str(tmp_path))
 
     def child():
         done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
+        assert "torch_cudnn_handle" not in done.stderr, done.stderr[-3000:]  # no warning (a rejected plan warns)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     first, second = child(), child()
-    assert "plan_store" not in first["routes"] and first["store"]["writes"] >= 2, first  # both plans stored
-    assert second["routes"].get("plan_store", 0) >= 2 and set(second["routes"]) == {"plan_store"}, second  # forward and backward
-    assert second["digest"] == first["digest"]  # the stored plans compute bitwise what the built ones did
+    for made in (first, second):  # a bucket's plans are not stored (stored_graphs.key_of): each process builds them
+        assert made["routes"] == {"static": 2} and made["store"] == dict(hits=0, misses=0, writes=0, rejected=0, write_errors=0), made
+    assert second["digest"] == first["digest"]  # the same plans, bitwise the same numbers

@@ -256,3 +256,25 @@ def test_the_fingerprint_follows_the_description_and_is_stable():
     assert len(same) == 1
     assert description_fingerprint(describe(136, 0.5)) not in same  # another length
     assert description_fingerprint(describe(128, 0.25)) not in same  # another pass-by-value scalar
+
+
+def test_a_graph_with_packed_operands_has_no_key(monkeypatch):
+    """Length buckets' ragged plans are not stored (stored_graphs.key_of: a second process rejected them on the H200)."""
+    from support.interpreter import describe_registered
+    from torch_cudnn_handle import registry
+    from torch_cudnn_handle.nn.attention_buckets import lengths_and_offsets, ragged_sdpa_inference
+    from torch_cudnn_handle.registry import Ragged, register_graph
+    from torch_cudnn_handle.registry.plans import stored_graphs
+
+    monkeypatch.setattr(stored_graphs, "device_identity", lambda device: "NVIDIA H200 sm90 132SMs")  # no GPU here to name,
+    monkeypatch.setattr(stored_graphs.cudnn, "backend_version", lambda: 91900)  # nor a libcudnn to ask
+    packed = {0: Ragged(5, 256), 1: Ragged(6, 256), 2: Ragged(6, 256)}
+    ragged_id = register_graph(ragged_sdpa_inference, name="store_ragged", params=dict(causal=True), ragged=packed)
+    dense_id = register_graph(lambda g, x: g.relu(x), name="store_dense")
+    q = torch.randn(2 * 100, 4, 64, dtype=torch.bfloat16)
+    calls = {ragged_id: [q, q, q, *lengths_and_offsets(2, 100, 4, 64, torch.device("cpu"), False)], dense_id: [q]}
+    keys = {}
+    for graph_id, inputs in calls.items():
+        graph, *_ = describe_registered(graph_id, inputs)
+        keys[graph_id] = stored_graphs.key_of(registry.definition(graph_id), 0, graph, [], False, False, False)
+    assert keys[dense_id] is not None and keys[ragged_id] is None

@@ -16,11 +16,11 @@ memory address would get a key no other process can have: it has none (never loa
 nor stored, only built).
 
 A loaded blob is not trusted because its file was whole: before a graph is made of it,
-its cuDNN and frontend versions must be the running ones, the op's operand uids must be
-exactly its variant pack's (with the frontend's own per-call tensors), and every
-operand's dims and strides in the backend plan must be the description's. Any
-mismatch, or a deserialize that fails, rejects the entry (a warning, the file removed)
-and the caller builds.
+its cuDNN and frontend versions must be the running ones, and every operand uid of the
+op must be in its variant pack and among its backend plan's tensors (their dims and
+strides are the key's). Any mismatch, or a deserialize that fails, rejects the entry (a
+warning, the file removed) and the caller builds. Graphs with packed (ragged) operands
+have no key (``key_of``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,12 @@ def device_identity(device: int) -> str:
 
 def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministic: bool, dynamic_shapes: bool, tuned: bool) -> Optional[str]:
     """The store key of ``graph`` (a description of ``definition``) for ``device``, or
-    None when it cannot be named reliably (then it is neither loaded nor stored)."""
+    None (then it is neither loaded nor stored) when it cannot be named reliably or has
+    packed operands: on the H200 (cuDNN 9.19) a second process rejected both stored plans
+    of a length bucket's ragged sdpa (forward and backward), so storing them only cost a
+    write, a warning and a rebuild in every later process."""
+    if definition.ragged is not None:
+        return None
     try:
         fingerprint, params = description_fingerprint(graph), repr(sorted(definition.params.items()))
         if fingerprint.endswith("-unstable") or _ADDRESS.search(params):
