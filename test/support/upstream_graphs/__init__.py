@@ -57,5 +57,5 @@ BY_NAME = {entry.name: entry for entry in GRAPHS}
 
 for _entry in GRAPHS:
     _entry.graph_id = tch.register_graph(
-        _entry.builder, name=f"upstream_{_entry.name}", in_place=_entry.in_place, **(_entry.frontend_types or {}), **_entry.params
+        _entry.builder, name=f"upstream_{_entry.name}", in_place=_entry.in_place, params=_entry.params, **(_entry.frontend_types or {})
     )
