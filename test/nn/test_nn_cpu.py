@@ -16,7 +16,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def _close(got, expected, dtype, what):
-    scale = float(expected.abs().max()) or 1.0
+    scale = float(expected.detach().abs().max()) or 1.0
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), expected.float(), atol=tol * scale, rtol=tol, msg=lambda m: f"{what}: {m}")
 

@@ -151,7 +151,7 @@ def test_bad_packed_operands_are_refused(bad, match):
 )
 def test_bad_declarations_are_refused_at_registration(kwargs, error, match):
     with pytest.raises(error, match=match):
-        tch.register_graph(rg.sdpa_shared, attn_scale=rg.ATTN_SCALE, **kwargs)
+        tch.register_graph(rg.sdpa_shared, params=dict(attn_scale=rg.ATTN_SCALE), **kwargs)
 
 
 def test_a_ragged_output_of_unknown_length_is_refused():
