@@ -65,6 +65,19 @@ def pytest_runtest_setup(item):
                 return
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup`` (the GPU rounds: .ci/gpu-round), each file
+    is one group, as under ``loadfile`` (a file's tests share its graphs), except the
+    documentation's code blocks, each run in a fresh interpreter: left ungrouped, they
+    spread over the workers (in one worker, one after another, they were the long pole of
+    a GPU round: docs/testing.md)."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if "block" not in getattr(getattr(item, "callspec", None), "params", {}):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 ENGINELESS = ("unable to find an engine", "SUBLIBRARY_UNAVAILABLE")
 
 
