@@ -98,10 +98,13 @@ def run_part(candidates: dict, sizes: list, subset: set, steady_calls: int) -> d
 
 
 def kernel_cache_accepted() -> bool:
-    """Whether cuDNN builds with dynamic shapes (9.21 and newer): the kernel-cache candidates."""
+    """Whether the library builds with dynamic shapes on this cuDNN (kernel_caches.MIN_BACKEND):
+    the kernel-cache candidates."""
     import cudnn
 
-    return cudnn.backend_version() >= 92100
+    from torch_cudnn_handle.registry.plans.kernel_caches import MIN_BACKEND
+
+    return cudnn.backend_version() >= MIN_BACKEND
 
 
 def sdpa_candidates() -> dict:

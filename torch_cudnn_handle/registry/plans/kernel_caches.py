@@ -32,7 +32,7 @@ import cudnn
 
 from ... import settings
 
-__all__ = ["KernelCacheSlot", "dynamic_shapes_enabled", "slot_for", "clear"]
+__all__ = ["KernelCacheSlot", "MIN_BACKEND", "dynamic_shapes_enabled", "slot_for", "clear"]
 
 
 @dataclasses.dataclass
