@@ -3,13 +3,14 @@
 Every part draws ``--shapes`` distinct sizes (seeded), runs each candidate's first call at
 each size (synchronized; candidates interleaved, the order rotating per size), then, once
 the library's builds off the caller's path are done (``registry.wait_for_builds``), its
-steady time per size (CUDA events over ``--steady-calls`` back-to-back calls). Candidates
+steady time per size of the subset (CUDA events over ``--steady-calls`` back-to-back calls). Candidates
 whose every first call is a cuDNN build (``--subset`` of the sizes) are timed on a subset,
 and their total over all sizes is the subset's mean times the count (marked "est.").
 
 1. ``sdpa``: causal SDPA fwd+bwd, bf16, B=2 H=8 D=64, q/k/v token-major (as Attention's
    projections give them), lengths from [64, 4096]: ``nn.sdpa`` with ``attention_buckets``
-   (Note [Length buckets]), the dense graph built per length (the static route; the
+   (Note [Length buckets]; with ``--sdpa-off-path`` also ``background_builds``: Note
+   [Attention off the caller's path]), the dense graph built per length (the static route; the
    kernel-cache route where cuDNN accepts dynamic shapes), torch flash, torch's cuDNN backend.
 2. ``linear``: ``FusedLinear(1024, 1024, "gelu")`` forward, and forward + backward, at
    token counts 4x those lengths: the module as it comes (its graphs build off the caller's
@@ -62,6 +63,14 @@ def _synchronized_ms(fn) -> float:
 
 
 def _steady_ms(call, calls: int) -> float:
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle.nn.attention_buckets import TAKE_OVER_CALLS
+
+    for _ in range(TAKE_OVER_CALLS + 1):  # an exact plan's take-over starts (Note [Attention off the caller's path])
+        call()
+    tch.registry.wait_for_builds(120)
+    call()  # the exact plan's first call: its backward builds
+    tch.registry.wait_for_builds(120)
     for _ in range(3):  # a second sighting of the addresses captures the native CUDA graph
         call()
     return cuda_ms_per_call(call, calls)
@@ -82,7 +91,8 @@ def run_part(candidates: dict, sizes: list, subset: set, steady_calls: int) -> d
     waited = time.perf_counter()
     still_building = tch.registry.wait_for_builds(900)
     waited = time.perf_counter() - waited
-    steady = {name: {size: _steady_ms(candidates[name][0](size), steady_calls) for size in first[name]} for name in names}
+    # Steady calls at the subset's sizes (every candidate has them): the figure compared with the exact plan's.
+    steady = {name: {size: _steady_ms(candidates[name][0](size), steady_calls) for size in first[name] if size in subset} for name in names}
     results = {}
     for name in names:
         firsts = list(first[name].values())
@@ -107,7 +117,7 @@ def kernel_cache_accepted() -> bool:
     return cudnn.backend_version() >= MIN_BACKEND
 
 
-def sdpa_candidates() -> dict:
+def sdpa_candidates(off_path: bool) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -130,6 +140,9 @@ def sdpa_candidates() -> dict:
                 if name == "library buckets":
                     with tch.settings.override(attention_buckets=True):
                         o = sdpa(q, k, v, True)
+                elif name == "library off path":  # Note [Attention off the caller's path]
+                    with tch.settings.override(attention_buckets=True, background_builds=True):
+                        o = sdpa(q, k, v, True)
                 elif name.startswith("library"):
                     o = tch.execute(graphs[name.split()[-1]], [q, k, v])[0]
                 else:
@@ -141,7 +154,9 @@ def sdpa_candidates() -> dict:
 
         return make
 
-    names = {"library buckets": False, **{f"library {route}": True for route in routes}, "torch flash": False, "torch cuDNN backend": True}
+    # The two bucket candidates share their bucket plans: one of them per run.
+    buckets = "library off path" if off_path else "library buckets"
+    names = {buckets: False, **{f"library {route}": True for route in routes}, "torch flash": False, "torch cuDNN backend": True}
     return {name: (maker(name), subset_only) for name, subset_only in names.items()}
 
 
@@ -261,6 +276,12 @@ def print_part(title: str, results: dict, baseline_torch: str) -> None:
             print(f"    {name}: first calls {entry['first_seconds_total'] / torch_total:.2f}x {baseline_torch}"
                   + "".join(f", {entry['first_seconds_total'] / results[t]['first_seconds_total']:.3f}x {t}"
                             for t in results if t.startswith("torch") and t != baseline_torch))
+    exact = results.get("library static", {}).get("steady_ms", {})
+    for name, entry in results.items():
+        shared = [size for size in entry.get("steady_ms", {}) if size in exact] if name.startswith("library") and name != "library static" else []
+        if shared:
+            ratios = [entry["steady_ms"][size] / exact[size] for size in shared]
+            print(f"    {name}: steady {statistics.median(ratios):.2f}x the exact plan's (median over {len(shared)} sizes)")
     builds = results["_builds"]
     print(f"    waited {builds['wait_seconds']:.1f} s for builds off the caller's path; build processes {builds['build_processes']}")
 
@@ -273,6 +294,7 @@ def main() -> None:
     parser.add_argument("--block-lengths", type=int, default=20)
     parser.add_argument("--steady-calls", type=int, default=20)
     parser.add_argument("--parts", default="sdpa,linear,block,processes")
+    parser.add_argument("--sdpa-off-path", action="store_true", help="sdpa by buckets with background builds (else buckets in the call)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 4's child: write its report here
     args = parser.parse_args()
@@ -289,7 +311,7 @@ def main() -> None:
     subset = set(random.Random(args.seed + 1).sample(lengths, min(args.subset, len(lengths))))
     figures = dict(cudnn=cudnn.backend_version(), lengths=lengths, subset=sorted(subset))
     if "sdpa" in parts:
-        figures["sdpa"] = run_part(sdpa_candidates(), lengths, subset, args.steady_calls)
+        figures["sdpa"] = run_part(sdpa_candidates(args.sdpa_off_path), lengths, subset, args.steady_calls)
         print_part(f"causal SDPA fwd+bwd, bf16 B=2 H=8 D=64, {len(lengths)} new lengths {lengths[0]}..{lengths[-1]}", figures["sdpa"],
                    "torch flash")
     tokens = [4 * n for n in lengths]

@@ -238,6 +238,8 @@ def test_fake_layouts_equal_what_the_gpu_writes_for_every_registered_graph(dtype
         for built in tch.built_graphs(definition.graph_id):
             if built.inputs[0].dtype != dtype and all(s.dtype != dtype for s in built.inputs):
                 continue
+            if any(d < 0 for s in built.inputs for d in s.shape):
+                continue  # a ragged (length-bucket) graph: no fixed token count; test/nn/test_attention_buckets_gpu.py runs those
             real_inputs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="cuda").normal_() for s in built.inputs]
             real = torch.ops.cudnn_fe.execute(definition.graph_id, real_inputs)
             with FakeTensorMode():

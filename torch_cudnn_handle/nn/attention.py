@@ -28,7 +28,7 @@ from .. import settings
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
-from .attention_buckets import _mask, _scale, bucketed_sdpa
+from .attention_buckets import _mask, _scale, bucketed_sdpa, exact_plan_took_over, torch_attention, torch_stands_in
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
@@ -115,13 +115,18 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     Differentiable (the backward is the sdpa_backward graph); a call that needs no
     gradient runs the inference graph, which writes no softmax statistics. With the
     ``attention_buckets`` setting on, a self-attention call (q, k and v of one shape) is
-    served by its length's bucket instead, with no build per length (Note [Length buckets]).
+    served by its length's bucket instead, with no build per length (Note [Length buckets]);
+    with ``background_builds`` on, no call waits for a build (Note [Attention off the
+    caller's path] in attention_buckets.py).
     """
     _check_sdpa_inputs(q, k, v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _buckets_on() and q.shape == k.shape == v.shape:
+    exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
+    if _buckets_on() and q.shape == k.shape == v.shape and not exact_plan_took_over(exact, q, k, v):
         return bucketed_sdpa(q, k, v, bool(causal), training)
-    return execute((SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)], [q, k, v])[0]
+    if torch_stands_in(exact, [q, k, v]):  # Note [Attention off the caller's path]
+        return torch_attention(q, k, v, causal)
+    return execute(exact, [q, k, v])[0]
 
 
 @torch.compiler.assume_constant_result

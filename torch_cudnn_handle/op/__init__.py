@@ -4,7 +4,8 @@ The schemas and the CUDA, autograd and in-place kernels are C++ (csrc/op). Here:
 
   * ``eager.py``: ``execute``, ``execute_out``, ``execute_``, the entries users call;
   * ``checks.py``: the one device rule, and what the op refuses;
-  * ``python_path.py``: every CUDA call no native plan served (the C++ kernel sends it);
+  * ``python_path.py``: every CUDA call no native plan served (the C++ kernel sends it),
+    and ``plan_ready`` for callers with a stand-in of their own;
   * ``reference.py``: the CPU kernels, on the reference interpreter, the CUDA calls sent
     there where asked (``reference=True``, the ``reference_path`` setting), and
     ``execute_reference``;
@@ -27,9 +28,10 @@ from .. import _C
 from . import backward, fake, python_path, reference
 from .checks import call_device, refuse_off_gpu
 from .eager import execute, execute_, execute_out
+from .python_path import plan_ready
 from .reference import execute_reference
 
-__all__ = ["execute", "execute_out", "execute_", "execute_reference"]
+__all__ = ["execute", "execute_out", "execute_", "execute_reference", "plan_ready"]
 
 
 def _refuse_off_gpu(graph: int, inputs: List[torch.Tensor], **_out):

@@ -32,7 +32,7 @@ from ..registry.specs import TensorSpec
 from . import bool_operands, reference, verify
 from .checks import call_device, check_in_place, check_out, check_out_overlap, refuse_off_gpu
 
-__all__ = ["built_for_call", "execute", "execute_out", "execute_in_place"]
+__all__ = ["built_for_call", "plan_ready", "execute", "execute_out", "execute_in_place"]
 
 
 def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
@@ -45,6 +45,15 @@ def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = T
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
     return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
                               stand_in=True)
+
+
+def plan_ready(graph_id: int, inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether ``graph_id``'s plan for these CUDA inputs is built. False while it builds off
+    the caller's path (one is started if none is in flight: Note [Builds off the caller's
+    path]), so a caller with its own stand-in (nn.sdpa: torch's attention) serves the call;
+    where the caller's path must build (the setting off, deterministic algorithms, a
+    capture) it is built now, or refused, as a call would be."""
+    return built_for_call(graph_id, inputs, call=False) is not None
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,

@@ -217,7 +217,8 @@ def _count(last_error: Optional[str] = None, **increments) -> None:
 
 def stats() -> dict:
     """Helpers running, builds served and their seconds, failures (each built in-process
-    instead) and the last one's error, and why the route is off ("" when it is not)."""
+    instead) and the last one's error, why the last plan a helper sent was rejected, and
+    why the route is off ("" when it is not)."""
     with _lock:
         return dict(running=_state["started"], builds=_state["builds"], seconds=_state["seconds"], failures=_state["failures"],
-                    last_error=_state["last_error"], disabled=_state["disabled"])
+                    last_error=_state["last_error"], rejected=_state["rejected"], disabled=_state["disabled"])

@@ -1,0 +1,125 @@
+"""Attention off the caller's path on a GPU (Note [Attention off the caller's path]): with
+``attention_buckets`` and ``background_builds`` on, a new length's first call is torch's
+own attention while its bucket's plan builds on a build thread, later calls are the bucket's plan, and once a length has been
+called TAKE_OVER_CALLS times its exact plan takes over: each stage bitwise what that route
+gives on its own, right against torch in float32. Deterministic calls never switch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_cudnn_handle as tch
+from torch_cudnn_handle.nn import sdpa
+from torch_cudnn_handle.nn.attention_buckets import TAKE_OVER_CALLS, bucket_of, torch_attention
+
+pytestmark = pytest.mark.gpu
+
+ATOL, RTOL = 1e-2, 3e-2  # bf16 against float32 torch, relative to the largest expected value
+
+
+@pytest.fixture
+def off_path(fresh_settings):
+    fresh_settings.set_attention_buckets(True)
+    fresh_settings.set_background_builds(True)
+    fresh_settings.set_build_process(True)
+    yield fresh_settings
+    assert tch.registry.wait_for_builds(120) == 0
+
+
+def _qkv(b, h, s, d, seed):
+    """Token-major ``[B, S, H, D]`` buffers seen as ``[B, H, S, D]`` (what Attention's projections give)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(b, s, h, d, device="cuda", generator=generator, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3)]
+
+
+def _forward_backward(q, k, v, d_o, attention=sdpa):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = attention(q, k, v, True) if attention is sdpa else attention(q, k, v, is_causal=True)
+    o.backward(d_o)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def _assert_right(got, q, k, v, d_o, what):
+    truth = _forward_backward(*(t.float() for t in (q, k, v, d_o)), attention=F.scaled_dot_product_attention)
+    for name, actual, expected in zip(("o", "dq", "dk", "dv"), got, truth):
+        error = (actual.float() - expected).abs().max().item()
+        tolerance = ATOL + RTOL * expected.abs().max().item()
+        assert error <= tolerance, f"{what}: {name} max abs error {error:.3e} > {tolerance:.3e}"
+
+
+def _stand_ins() -> int:
+    return tch.stats.graphs()["stand_in_calls"]
+
+
+def test_torch_serves_a_new_length_then_its_bucket_then_its_exact_plan(off_path):
+    length = 300  # bucket 512; batch 3 and 3 heads: a layout no other test builds
+    q, k, v = _qkv(3, 3, length, 64, seed=7)
+    d_o = torch.randn_like(q)
+    before, processes = _stand_ins(), tch.stats.build_processes()["builds"]
+
+    first = _forward_backward(q, k, v, d_o)  # no plan yet: torch's attention, while the bucket's builds
+    assert _stand_ins() > before
+    assert torch.equal(first[0], torch_attention(q, k, v, True))  # flash, not torch's cuDNN backend (a build per length)
+    _assert_right(first, q, k, v, d_o, "torch standing in")
+
+    assert tch.registry.wait_for_builds(120) == 0
+    _forward_backward(q, k, v, d_o)  # the bucket's forward; its backward builds meanwhile (the interpreter stands in)
+    assert tch.registry.wait_for_builds(120) == 0
+    bucketed = _forward_backward(q, k, v, d_o)
+    with tch.settings.override(background_builds=False):
+        alone = _forward_backward(q, k, v, d_o)
+    for got, want in zip(bucketed, alone):
+        assert torch.equal(got, want)  # the bucket's plan, as buckets alone give it
+    _assert_right(bucketed, q, k, v, d_o, f"bucket {bucket_of(length)}")
+    # Built on a build thread of this process: an sdpa's description is the frontend's own JSON, not sent to a build process.
+    assert tch.stats.build_processes()["builds"] == processes
+
+    for _ in range(TAKE_OVER_CALLS):
+        _forward_backward(q, k, v, d_o)
+    assert tch.registry.wait_for_builds(120) == 0
+    _forward_backward(q, k, v, d_o)  # the exact plan's first call; its backward builds meanwhile
+    assert tch.registry.wait_for_builds(120) == 0
+    exact = _forward_backward(q, k, v, d_o)
+    with tch.settings.override(attention_buckets=False, background_builds=False):
+        dense = _forward_backward(q, k, v, d_o)
+    for got, want in zip(exact, dense):
+        assert torch.equal(got, want)  # the length's exact plan serves it now
+    _assert_right(exact, q, k, v, d_o, "exact plan")
+
+
+def test_deterministic_calls_never_switch_route(off_path):
+    q, k, v = _qkv(3, 3, 1500, 64, seed=8)  # bucket 2048
+    d_o = torch.randn_like(q)
+    torch.use_deterministic_algorithms(True)
+    try:
+        before = _stand_ins()
+        runs = [_forward_backward(q, k, v, d_o) for _ in range(TAKE_OVER_CALLS + 2)]
+        assert tch.registry.wait_for_builds(120) == 0
+        runs.append(_forward_backward(q, k, v, d_o))
+        assert _stand_ins() == before  # every call waited for its build instead
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for run in runs[1:]:
+        for got, want in zip(run, runs[0]):
+            assert torch.equal(got, want)  # one plan for every call: no stand-in, no take-over
+    _assert_right(runs[0], q, k, v, d_o, "deterministic")
+
+
+def test_inference_calls_take_the_same_routes(off_path):
+    q, k, v = _qkv(2, 5, 900, 64, seed=9)  # bucket 1024, 5 heads: its own layout
+    with torch.no_grad():
+        first = sdpa(q, k, v, True)
+        assert torch.equal(first, torch_attention(q, k, v, True))
+        assert tch.registry.wait_for_builds(120) == 0
+        bucketed = sdpa(q, k, v, True)
+        for _ in range(TAKE_OVER_CALLS):
+            sdpa(q, k, v, True)
+        assert tch.registry.wait_for_builds(120) == 0
+        exact = sdpa(q, k, v, True)
+        with tch.settings.override(attention_buckets=False, background_builds=False):
+            assert torch.equal(exact, sdpa(q, k, v, True))
+        with tch.settings.override(background_builds=False):
+            assert torch.equal(bucketed, sdpa(q, k, v, True))
+    truth = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    for got in (bucketed, exact):
+        assert (got.float() - truth).abs().max().item() <= ATOL + RTOL * truth.abs().max().item()
