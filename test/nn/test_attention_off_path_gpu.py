@@ -6,15 +6,13 @@ gives on its own, right against torch in float32. Deterministic calls never swit
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import torch_cudnn_handle as tch
+from test_attention_buckets_gpu import _assert_close, _forward_backward, _qkv, _torch_float32  # the buckets' own GPU tests' helpers
 from torch_cudnn_handle.nn import sdpa
 from torch_cudnn_handle.nn.attention_buckets import TAKE_OVER_CALLS, bucket_of, torch_attention
 
 pytestmark = pytest.mark.gpu
-
-ATOL, RTOL = 1e-2, 3e-2  # bf16 against float32 torch, relative to the largest expected value
 
 
 @pytest.fixture
@@ -26,25 +24,10 @@ def off_path(fresh_settings):
     assert tch.registry.wait_for_builds(120) == 0
 
 
-def _qkv(b, h, s, d, seed):
-    """Token-major ``[B, S, H, D]`` buffers seen as ``[B, H, S, D]`` (what Attention's projections give)."""
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(b, s, h, d, device="cuda", generator=generator, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3)]
-
-
-def _forward_backward(q, k, v, d_o, attention=sdpa):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o = attention(q, k, v, True) if attention is sdpa else attention(q, k, v, is_causal=True)
-    o.backward(d_o)
-    return o.detach(), q.grad, k.grad, v.grad
-
-
 def _assert_right(got, q, k, v, d_o, what):
-    truth = _forward_backward(*(t.float() for t in (q, k, v, d_o)), attention=F.scaled_dot_product_attention)
-    for name, actual, expected in zip(("o", "dq", "dk", "dv"), got, truth):
-        error = (actual.float() - expected).abs().max().item()
-        tolerance = ATOL + RTOL * expected.abs().max().item()
-        assert error <= tolerance, f"{what}: {name} max abs error {error:.3e} > {tolerance:.3e}"
+    """Each of o, dq, dk, dv against torch in float32."""
+    for name, actual, expected in zip(("o", "dq", "dk", "dv"), got, _torch_float32(q, k, v, d_o, True)):
+        _assert_close(actual, expected, f"{what}: {name}")
 
 
 def _stand_ins() -> int:
@@ -57,17 +40,17 @@ def test_torch_serves_a_new_length_then_its_bucket_then_its_exact_plan(off_path)
     d_o = torch.randn_like(q)
     before, processes = _stand_ins(), tch.stats.build_processes()["builds"]
 
-    first = _forward_backward(q, k, v, d_o)  # no plan yet: torch's attention, while the bucket's builds
+    first = _forward_backward(q, k, v, d_o, True)  # no plan yet: torch's attention, while the bucket's builds
     assert _stand_ins() > before
     assert torch.equal(first[0], torch_attention(q, k, v, True))  # flash, not torch's cuDNN backend (a build per length)
     _assert_right(first, q, k, v, d_o, "torch standing in")
 
     assert tch.registry.wait_for_builds(120) == 0
-    _forward_backward(q, k, v, d_o)  # the bucket's forward; its backward builds meanwhile (the interpreter stands in)
+    _forward_backward(q, k, v, d_o, True)  # the bucket's forward; its backward builds meanwhile (the interpreter stands in)
     assert tch.registry.wait_for_builds(120) == 0
-    bucketed = _forward_backward(q, k, v, d_o)
+    bucketed = _forward_backward(q, k, v, d_o, True)
     with tch.settings.override(background_builds=False):
-        alone = _forward_backward(q, k, v, d_o)
+        alone = _forward_backward(q, k, v, d_o, True)
     for got, want in zip(bucketed, alone):
         assert torch.equal(got, want)  # the bucket's plan, as buckets alone give it
     _assert_right(bucketed, q, k, v, d_o, f"bucket {bucket_of(length)}")
@@ -75,13 +58,13 @@ def test_torch_serves_a_new_length_then_its_bucket_then_its_exact_plan(off_path)
     assert tch.stats.build_processes()["builds"] == processes
 
     for _ in range(TAKE_OVER_CALLS):
-        _forward_backward(q, k, v, d_o)
+        _forward_backward(q, k, v, d_o, True)
     assert tch.registry.wait_for_builds(120) == 0
-    _forward_backward(q, k, v, d_o)  # the exact plan's first call; its backward builds meanwhile
+    _forward_backward(q, k, v, d_o, True)  # the exact plan's first call; its backward builds meanwhile
     assert tch.registry.wait_for_builds(120) == 0
-    exact = _forward_backward(q, k, v, d_o)
+    exact = _forward_backward(q, k, v, d_o, True)
     with tch.settings.override(attention_buckets=False, background_builds=False):
-        dense = _forward_backward(q, k, v, d_o)
+        dense = _forward_backward(q, k, v, d_o, True)
     for got, want in zip(exact, dense):
         assert torch.equal(got, want)  # the length's exact plan serves it now
     _assert_right(exact, q, k, v, d_o, "exact plan")
@@ -93,9 +76,9 @@ def test_deterministic_calls_never_switch_route(off_path):
     torch.use_deterministic_algorithms(True)
     try:
         before = _stand_ins()
-        runs = [_forward_backward(q, k, v, d_o) for _ in range(TAKE_OVER_CALLS + 2)]
+        runs = [_forward_backward(q, k, v, d_o, True) for _ in range(TAKE_OVER_CALLS + 2)]
         assert tch.registry.wait_for_builds(120) == 0
-        runs.append(_forward_backward(q, k, v, d_o))
+        runs.append(_forward_backward(q, k, v, d_o, True))
         assert _stand_ins() == before  # every call waited for its build instead
     finally:
         torch.use_deterministic_algorithms(False)
@@ -120,6 +103,6 @@ def test_inference_calls_take_the_same_routes(off_path):
             assert torch.equal(exact, sdpa(q, k, v, True))
         with tch.settings.override(background_builds=False):
             assert torch.equal(bucketed, sdpa(q, k, v, True))
-    truth = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-    for got in (bucketed, exact):
-        assert (got.float() - truth).abs().max().item() <= ATOL + RTOL * truth.abs().max().item()
+    truth = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    for route, got in (("bucket", bucketed), ("exact plan", exact)):
+        _assert_close(got, truth, f"inference, {route}")

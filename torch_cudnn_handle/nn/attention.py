@@ -28,7 +28,8 @@ from .. import settings
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
-from .attention_buckets import _mask, _scale, bucketed_sdpa, exact_plan_took_over, torch_attention, torch_stands_in
+from .attention_buckets import (_mask, _scale, bucketed_sdpa, exact_plan_took_over, off_callers_path, torch_attention,
+                                torch_stands_in)
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
@@ -122,9 +123,12 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     _check_sdpa_inputs(q, k, v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
-    if _buckets_on() and q.shape == k.shape == v.shape and not exact_plan_took_over(exact, q, k, v):
-        return bucketed_sdpa(q, k, v, bool(causal), training)
-    if torch_stands_in(exact, [q, k, v]):  # Note [Attention off the caller's path]
+    off_path = off_callers_path(q)  # Note [Attention off the caller's path]
+    if _buckets_on() and q.shape == k.shape == v.shape:
+        if not exact_plan_took_over(exact, q, k, v, off_path):
+            return bucketed_sdpa(q, k, v, bool(causal), training, off_path)
+        # else the exact plan took over, found built then: no second look
+    elif torch_stands_in(exact, [q, k, v], off_path):
         return torch_attention(q, k, v, causal)
     return execute(exact, [q, k, v])[0]
 
