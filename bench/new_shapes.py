@@ -172,6 +172,10 @@ def linear_candidates(backward: bool) -> dict:
     routes = ("static", "kernel_cache") if kernel_cache_accepted() and not backward else ("static",) if not backward else ()
     graphs = {route: tch.register_graph(linear_forward, name=f"bench_new_shapes_linear_{route}", views=forward_views("gelu"),
                                         params=dict(activation="gelu"), dynamic_shapes=route == "kernel_cache") for route in routes}
+    if not backward:  # the raw op's route: token buckets (Note [Size buckets]), built off the caller's path
+        graphs["buckets"] = tch.register_graph(linear_forward, name="bench_new_shapes_linear_buckets", params=dict(activation="gelu"),
+                                               buckets=tch.Buckets({0: 1}, {0: 1, 1: 1}), background_builds=True)
+    weight_kn, bias_row = module.weight.detach().t().unsqueeze(0), module.bias.detach().view(1, 1, -1)
 
     def maker(name):
         def make(tokens):
@@ -182,6 +186,8 @@ def linear_candidates(backward: bool) -> dict:
                 with torch.set_grad_enabled(backward):
                     if name == "library":
                         y = module(x)
+                    elif name == "library buckets":
+                        y = tch.execute(graphs["buckets"], [x, weight_kn, bias_row])[0]
                     elif name.startswith("library"):
                         y = tch.execute(graphs[name.split()[-1]], [x, module.weight, module.bias])[0]
                     else:
@@ -193,7 +199,8 @@ def linear_candidates(backward: bool) -> dict:
 
         return make
 
-    names = {"library": False, **{f"library {route}": True for route in routes}, "torch eager": False}
+    names = {"library": False, **({"library buckets": False} if not backward else {}), **{f"library {route}": True for route in routes},
+             "torch eager": False}
     return {name: (maker(name), subset_only) for name, subset_only in names.items()}
 
 

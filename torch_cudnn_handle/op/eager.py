@@ -3,6 +3,9 @@ way in. Eagerly each enters the dispatcher from C++ (autograd, then the CUDA ker
 without torch.ops' generic argument parsing; under torch.compile, under a
 ``TorchFunctionMode`` and for tensor subclasses with ``__torch_function__`` each is the op
 itself, so tracing, modes and subclasses see ``cudnn_fe.execute`` either way.
+
+A graph registered with ``buckets=`` is padded to its bucket and narrowed back here, in
+torch ops around the op, on every route (Note [Size buckets] in registry/buckets.py).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from typing import List
 
 import torch
 
-from .. import _C
+from .. import _C, registry
+from ..registry import buckets as size_buckets
 from .checks import argument_error, graph_label
 
 __all__ = ["execute", "execute_out", "execute_"]
@@ -19,8 +23,35 @@ __all__ = ["execute", "execute_out", "execute_"]
 _has_torch_function = torch._C._has_torch_function  # a TorchFunctionMode, or an input with __torch_function__
 
 
+def _bucketed_execute(graph: int, inputs: List[torch.Tensor], name: str, rule: tuple) -> List[torch.Tensor]:
+    padded, size = size_buckets.padded(name, rule, inputs)
+    return size_buckets.narrowed(rule, _execute(graph, padded), size)
+
+
+def _traced_bucket_rule(graph):
+    """``(id, name, rule)`` of a bucketed ``graph`` while tracing, or None: compared against
+    registry.BUCKET_RULES (a constant of the frame), since a graph id may be symbolic there."""
+    for entry in registry.BUCKET_RULES:
+        if graph == entry[0]:
+            return entry
+    return None
+
+
 def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    """``torch.ops.cudnn_fe.execute(graph, inputs)``: the graph's outputs, new tensors."""
+    """``torch.ops.cudnn_fe.execute(graph, inputs)``: the graph's outputs, new tensors (for a
+    graph registered with ``buckets=``, the named outputs are views of its bucket's)."""
+    if torch.compiler.is_compiling():
+        entry = _traced_bucket_rule(graph)
+        if entry is not None:
+            return _bucketed_execute(entry[0], inputs, entry[1], entry[2])
+    elif type(graph) is int and registry.BUCKETED:  # one dict lookup, and only once a graph has buckets
+        entry = registry.BUCKETED.get(graph)
+        if entry is not None:
+            return _bucketed_execute(graph, inputs, *entry)
+    return _execute(graph, inputs)
+
+
+def _execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     try:
         routed = _has_torch_function(inputs)  # a TypeError for inputs that are not a sequence
     except TypeError as error:
@@ -34,7 +65,12 @@ def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
-    """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute`."""
+    """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute` (a
+    bucketed graph's outputs are copied into ``out``)."""
+    if (_traced_bucket_rule(graph) if torch.compiler.is_compiling() else type(graph) is int and registry.BUCKETED.get(graph)):
+        for target, value in zip(out, execute(graph, inputs), strict=True):
+            target.copy_(value)
+        return None
     try:
         routed = _has_torch_function(inputs) or _has_torch_function(out)
     except TypeError as error:

@@ -5,7 +5,7 @@ torch.compile, export and CUDA graphs on every torch version. An id names a
 ``Definition``; the registry turns a definition and a call's inputs into a built graph.
 One line of dependencies, each module importing only those before it:
 
-  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing, broadcasts
+  specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing, broadcasts, buckets
   -> backward_operands -> backward -> definition -> describe -> symbolic
   -> plans/ (store, stored_graphs, kernel_caches, tuning/) -> build -> pinned -> graph_cache -> here
 
@@ -17,6 +17,7 @@ stats read. Every function here is thread-safe.
 from __future__ import annotations
 
 import atexit
+import threading
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -26,6 +27,7 @@ from .. import _C, settings
 from . import describe as describing
 from .backward import OLD_KEYWORDS, Backward, from_keywords
 from .backward_operands import BackwardOperand, BackwardStep
+from .buckets import Buckets
 from .build import BuiltGraph
 from .data_types import GraphDataTypes
 from .definition import Definition, Definitions, check_arity
@@ -37,14 +39,21 @@ from .ragged import Ragged
 from .specs import GraphLayout, TensorSpec
 
 __all__ = [
-    "Backward", "BackwardOperand", "BackwardStep", "OperandViews", "Ragged", "TensorSpec", "GraphLayout", "BuiltGraph",
+    "Backward", "BackwardOperand", "BackwardStep", "Buckets", "OperandViews", "Ragged", "TensorSpec", "GraphLayout", "BuiltGraph",
     "Definition", "register_graph", "register_built_graph", "graph_name", "built_graphs",
     # package-public: the op, the stats and the tests read these
     "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "description", "wait_for_builds", "record_first_execution",
-    "graph_stats",
+    "graph_stats", "BUCKETED", "BUCKET_RULES",
 ]
 
 _definitions = Definitions()
+# Graphs registered with buckets=, for the op's entries (op/eager.py): BUCKETED maps an id to
+# (name, Buckets.rule), one lookup per eager call; BUCKET_RULES holds the same as a tuple,
+# replaced (never mutated) at each such registration, which a compiled frame reads as a
+# constant (a registration after a compile recompiles it). Both live for the process.
+BUCKETED: dict = {}
+BUCKET_RULES: tuple = ()
+_bucket_lock = threading.Lock()
 _pinned = pinned.PinnedGraphs()
 _graph_cache = GraphCache(_definitions, _pinned)
 settings.watch("graph_cache_capacity", lambda _capacity: _graph_cache.evict_over_capacity())  # a smaller one evicts now
@@ -104,6 +113,7 @@ def register_graph(
     compute_data_type: Any = None,
     reference: Optional[bool] = None,
     background_builds: Optional[bool] = None,
+    buckets: Optional[Buckets] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
@@ -127,6 +137,8 @@ def register_graph(
     * ``tune``, ``dynamic_shapes``, ``background_builds``: per-graph choices over the
       settings of those names (the last: a new layout's first calls run on the torch
       interpreter while it builds, Note [Builds off the caller's path]);
+      ``buckets``: a ``Buckets`` naming input dims that take any size, zero-padded to a
+      bucket so a plan per bucket serves every size (Note [Size buckets], buckets.py);
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
       when they do not simply follow input dims (registry/symbolic.py).
     * ``reference=True``: CUDA calls run on the torch interpreter (``torch_cudnn_handle.
@@ -150,13 +162,19 @@ def register_graph(
             DeprecationWarning, stacklevel=2,
         )
         params = deprecated
-    return _definitions.define(
+    graph_id = _definitions.define(
         builder, name=name, params={} if params is None else params, backward=from_keywords(name, backward, old), tune=tune,
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
-        background_builds=background_builds,
+        background_builds=background_builds, buckets=buckets,
     )
+    if buckets is not None:
+        global BUCKET_RULES
+        with _bucket_lock:
+            BUCKETED[graph_id] = (name, buckets.rule)
+            BUCKET_RULES = BUCKET_RULES + ((graph_id, name, buckets.rule),)
+    return graph_id
 
 
 def register_built_graph(graph, inputs: Sequence[Any], outputs: Sequence[Any], *, device, name: Optional[str] = None) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from . import backward as backward_record
 from .backward import Backward
+from .buckets import Buckets, declared as declared_buckets
 from .data_types import GraphDataTypes
 from .in_place import declared_writes
 from .operand_views import OperandViews
@@ -48,6 +49,7 @@ class Definition:
     views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
     reference: Optional[bool] = None  # CUDA calls run on the torch interpreter, never cuDNN; None: the reference_path setting
     background_builds: Optional[bool] = None  # a new layout builds off the caller's path (graph_cache.py); None: the setting
+    buckets: Optional[Buckets] = None  # dims that take any size, padded to a bucket (buckets.py)
 
     @property
     def is_built(self) -> bool:
@@ -128,7 +130,7 @@ class Definitions:
     def define(
         self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
         output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
-        reference: Optional[bool] = None, background_builds: Optional[bool] = None,
+        reference: Optional[bool] = None, background_builds: Optional[bool] = None, buckets: Optional[Buckets] = None,
     ) -> int:
         """Check a registration and add its definitions (the forward's, and a backward
         graph's); returns the forward's id, its record declared in C++."""
@@ -148,6 +150,7 @@ class Definitions:
             raise TypeError(f"register_graph: params must be a dict of the builder's keyword arguments, got {type(params).__name__}")
         name = name or getattr(builder, "__name__", "graph")
         num_inputs = positional_arity(builder)
+        buckets = declared_buckets(name, buckets, num_inputs, ragged=ragged, views=views, in_place=in_place)
         packed = RaggedOperands.declared(name, ragged, num_inputs)
         if packed is not None:
             if tune:
@@ -177,7 +180,7 @@ class Definitions:
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
             tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
-            reference=reference, background_builds=background_builds,
+            reference=reference, background_builds=background_builds, buckets=buckets,
         )
         backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
                                 backward_arity=backward_arity, in_place=writes)

@@ -94,6 +94,18 @@ def routes(*graph_ids):
     return [(b.route, b.route_reason, b.native, b.engine) for g in ids if g is not None for b in tch.built_graphs(g)]
 
 
+CACHE_REFUSED = "the build with a kernel cache failed"  # plans/__init__.py's reason for a static build after one
+
+
+def cache_routes(built) -> set:
+    """The routes of kernel-cache requests: ``kernel_cache``, or ``static`` where cuDNN refused the
+    cache for that structure and said so (cuDNN 9.27 refuses it for the sdpa backward:
+    "no ... finalize_internal()"); any other static build fails here, with its reason."""
+    for route, reason, *_ in built:
+        assert route == "kernel_cache" or (route == "static" and reason.startswith(CACHE_REFUSED)), (route, reason)
+    return {route if route == "kernel_cache" else "refused" for route, *_ in built}
+
+
 @pytest.fixture
 def plan_cache(tmp_path):
     """The plan store on, in tmp_path, for this test."""
@@ -139,11 +151,11 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
         assert_bitwise(workload(*dynamic, length), actual, f"length {length}, kernel cache, second call (native)")
     built = routes(*dynamic)
     assert len(built) == 3 * len(LENGTHS)  # linear, sdpa forward, sdpa backward per length
-    assert {route for route, *_ in built} == {"kernel_cache"}, [reason for route, reason, *_ in built if route != "kernel_cache"]
+    assert "kernel_cache" in cache_routes(built)
     assert all(native for _, _, native, _ in built), "the native path serves kernel-cache plans (from their second call)"
     assert {route for route, *_ in routes(*static)} == {"static"}
     stats = tch.stats.graphs()
-    assert stats["routes"]["kernel_cache"] >= 3 * len(LENGTHS) and stats["plan_seconds"] > 0
+    assert stats["routes"]["kernel_cache"] >= sum(route == "kernel_cache" for route, *_ in built) and stats["plan_seconds"] > 0
     for b in tch.built_graphs(dynamic[1]):  # where each build's time went
         handed = "native" if settings.get("native_hand_over") == "build" else "native_hand_over"
         assert {"describe", "operation_graph", "heuristics", "support", "plan", handed} <= set(b.phase_seconds)
@@ -269,7 +281,10 @@ def test_eager_compile_capture_and_backward_on_cached_plans(cached_graphs):
     first = workload(linear, attention, length)
     assert_same_numbers(first, expected, f"{route}: eager", engines_of(linear, attention), engines_of(*static))
     assert_bitwise(workload(linear, attention, length), first, f"{route}: eager, second call (native)")
-    assert {r for r, *_ in routes(linear, attention)} == {route}, routes(linear, attention)
+    if route == "kernel_cache":
+        assert "kernel_cache" in cache_routes(routes(linear, attention))
+    else:
+        assert {r for r, *_ in routes(linear, attention)} == {route}, routes(linear, attention)
     assert all(native for _, _, native, _ in routes(linear, attention))
 
     # torch.compile, whole graph, forward and backward
