@@ -16,13 +16,16 @@ and their total over all sizes is the subset's mean times the count (marked "est
    token counts 4x those lengths: the module as it comes (its graphs build off the caller's
    path, Note [Builds off the caller's path], in a build process: Note [The build process]),
    its forward graph built in the call (static; kernel cache where accepted), torch eager.
-3. ``block``: ``TransformerBlock(1024, 16)`` bf16, batch 2, its attention by length bucket:
+   ``linear_buckets``: the raw op's route for the same forward, a graph registered with
+   token buckets (Note [Size buckets]) and built off the caller's path.
+3. ``block``: ``TransformerBlock(1024, 16)`` bf16, batch 2, its attention by length bucket
+   and every build off the caller's path (``attention_buckets`` and ``background_builds``):
    the first training step at ``--block-lengths`` new lengths against the steady step at
    that length, the library's and torch eager's.
 4. ``processes``: two processes sharing a plan store run the main job's block's first
    training step: plan obtaining seconds, cold and warm (goal <= 0.1).
 
-    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,block,processes] [--json out.json]
+    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,linear_buckets,block,processes] [--json out.json]
 """
 
 from __future__ import annotations
@@ -160,7 +163,9 @@ def sdpa_candidates(off_path: bool) -> dict:
     return {name: (maker(name), subset_only) for name, subset_only in names.items()}
 
 
-def linear_candidates(backward: bool) -> dict:
+def linear_candidates(backward: bool, buckets: bool = False) -> dict:
+    """FusedLinear's candidates; ``buckets``: the raw op's token buckets instead (a part of their
+    own: their builds would hold the helpers FusedLinear's background builds use)."""
     import torch
     import torch.nn.functional as F
 
@@ -169,10 +174,10 @@ def linear_candidates(backward: bool) -> dict:
     from torch_cudnn_handle.nn.linear import forward_views, linear_forward
 
     module = FusedLinear(1024, 1024, activation="gelu", device="cuda", dtype=torch.bfloat16)
-    routes = ("static", "kernel_cache") if kernel_cache_accepted() and not backward else ("static",) if not backward else ()
+    routes = ("static", "kernel_cache") if kernel_cache_accepted() and not backward and not buckets else ("static",) if not backward else ()
     graphs = {route: tch.register_graph(linear_forward, name=f"bench_new_shapes_linear_{route}", views=forward_views("gelu"),
                                         params=dict(activation="gelu"), dynamic_shapes=route == "kernel_cache") for route in routes}
-    if not backward:  # the raw op's route: token buckets (Note [Size buckets]), built off the caller's path
+    if buckets:  # the raw op's route: token buckets (Note [Size buckets]), built off the caller's path
         graphs["buckets"] = tch.register_graph(linear_forward, name="bench_new_shapes_linear_buckets", params=dict(activation="gelu"),
                                                buckets=tch.Buckets({0: 1}, {0: 1, 1: 1}), background_builds=True)
     weight_kn, bias_row = module.weight.detach().t().unsqueeze(0), module.bias.detach().view(1, 1, -1)
@@ -199,8 +204,7 @@ def linear_candidates(backward: bool) -> dict:
 
         return make
 
-    names = {"library": False, **({"library buckets": False} if not backward else {}), **{f"library {route}": True for route in routes},
-             "torch eager": False}
+    names = {"library buckets" if buckets else "library": False, **{f"library {route}": True for route in routes}, "torch eager": False}
     return {name: (maker(name), subset_only) for name, subset_only in names.items()}
 
 
@@ -300,7 +304,7 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=16, help="sizes the build-per-size candidates are timed at")
     parser.add_argument("--block-lengths", type=int, default=20)
     parser.add_argument("--steady-calls", type=int, default=20)
-    parser.add_argument("--parts", default="sdpa,linear,block,processes")
+    parser.add_argument("--parts", default="sdpa,linear,linear_buckets,block,processes")
     parser.add_argument("--sdpa-off-path", action="store_true", help="sdpa by buckets with background builds (else buckets in the call)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 4's child: write its report here
@@ -323,14 +327,16 @@ def main() -> None:
                    "torch flash")
     tokens = [4 * n for n in lengths]
     token_subset = {4 * n for n in subset}
-    for backward in (False, True) if "linear" in parts else ():
-        key = "linear_fwd_bwd" if backward else "linear_fwd"
-        figures[key] = run_part(linear_candidates(backward), tokens, token_subset, args.steady_calls)
-        print_part(f"FusedLinear(1024, 1024, gelu) {'fwd+bwd' if backward else 'fwd'}, bf16, {len(tokens)} new token counts "
-                   f"{tokens[0]}..{tokens[-1]}", figures[key], "torch eager")
+    linear_parts = [(False, False), (True, False)] if "linear" in parts else []
+    for backward, buckets in linear_parts + ([(False, True)] if "linear_buckets" in parts else []):
+        key = "linear_buckets_fwd" if buckets else "linear_fwd_bwd" if backward else "linear_fwd"
+        figures[key] = run_part(linear_candidates(backward, buckets), tokens, token_subset, args.steady_calls)
+        print_part(f"{'the raw op, linear + bias + gelu with token buckets' if buckets else 'FusedLinear(1024, 1024, gelu)'} "
+                   f"{'fwd+bwd' if backward else 'fwd'}, bf16, {len(tokens)} new token counts {tokens[0]}..{tokens[-1]}", figures[key],
+                   "torch eager")
     if "block" in parts:
         block_lengths = draw(args.block_lengths, args.seed + 2)
-        with tch.settings.override(attention_buckets=True):  # its attention by length bucket (torch's block ignores it)
+        with tch.settings.override(attention_buckets=True, background_builds=True):  # every route off the caller's path (torch's block ignores them)
             figures["block"] = block_part(block_lengths)
         print(f"\nTransformerBlock(1024, 16) bf16 batch 2, first training step at {len(block_lengths)} new lengths "
               f"{block_lengths[0]}..{block_lengths[-1]} (medians over lengths)")

@@ -118,6 +118,9 @@ def declared(name: str, buckets, num_inputs: Optional[int], *, ragged, views, in
     return buckets
 
 
+_eager_bucket_size = functools.lru_cache(maxsize=4096)(bucket_size)  # an eager call's: one dict lookup, not the ladder
+
+
 def _call_size(name: str, bucketed: tuple, inputs: Sequence[torch.Tensor]) -> int:
     size = None
     for index, dim in bucketed:
@@ -141,7 +144,7 @@ def padded(name: str, rule: tuple, inputs: Sequence[torch.Tensor]) -> Tuple[list
     ``Buckets.rule``), and the call's size."""
     bucketed, _, minimum, per_doubling = rule
     size = _call_size(name, bucketed, inputs)
-    bucket = bucket_size(size, minimum, per_doubling)
+    bucket = bucket_size(size, minimum, per_doubling) if torch.compiler.is_compiling() else _eager_bucket_size(size, minimum, per_doubling)
     inputs = list(inputs)
     if torch.compiler.is_compiling() or bucket != size:  # traced: no guard on the size being its bucket's
         for index, dim in bucketed:
