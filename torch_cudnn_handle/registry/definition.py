@@ -13,10 +13,14 @@ Thread safety: ``Definitions`` takes one lock for its table; definitions never c
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import inspect
-import itertools
 import threading
+import uuid
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import cudnn
 
 from . import backward as backward_record
 from .backward import Backward
@@ -76,9 +80,73 @@ def check_arity(definition: Definition, count: int) -> None:
         raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
 
 
-# Ids are unique in the process, whichever table holds them: a graph's record in C++
-# (csrc/op/graph_record.h) is keyed by id alone. ``next`` on a count is atomic under the GIL.
-_ids = itertools.count(1)
+# Note [Graph ids]: an id is unique in the process, whichever table holds it (a graph's
+# record in C++, csrc/op/graph_record.h, is keyed by id alone), and it is the same in every
+# process that registers the same definition on the same cuDNN and library versions: a
+# hash of the definition's fields (a builder by its module, qualified name and code), the
+# next free one where two definitions hash alike (so a definition registered twice gets
+# its ids in registration order). torch.compile's caches on disk (inductor's FX graph
+# cache, AOTAutograd's) key a compiled graph by its code, where a cuDNN graph is its id,
+# and replay it in any process: with ids counted per process, a graph compiled where id
+# 1 was a relu ran where id 1 was another graph, and failed on sizes its fake kernel
+# never gave; on the H200 a reduce-overhead training step compiled on cuDNN 9.19 failed
+# when replayed on 9.27. Registered built graphs hash a per-process salt too: their
+# graph is an object no other process has.
+_taken: set = set()
+_taken_lock = threading.Lock()
+_PROCESS_SALT = uuid.uuid4().hex
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> str:
+    """What a graph's behaviour depends on besides its definition: cuDNN's and this library's versions."""
+    from .._version import __version__
+
+    try:
+        backend = cudnn.backend_version()
+    except Exception:  # noqa: BLE001 -- no libcudnn here (a CPU machine): the interpreter runs every graph
+        backend = None
+    return f"cudnn {backend}, frontend {cudnn.__version__}, torch_cudnn_handle {__version__}"
+
+
+def _code_identity(code) -> str:
+    constants = [_code_identity(c) if inspect.iscode(c) else repr(c) for c in code.co_consts]
+    return hashlib.sha256(b"|".join(x.encode() for x in (repr(code.co_code), repr(constants), repr(code.co_names)))).hexdigest()[:16]
+
+
+def _identity(value, depth: int = 0) -> str:
+    """A text for a definition field that another process gives the same value (a function by
+    module, qualified name and code; a value by repr, which for an object without one names
+    its address: then the id is this process's alone, never wrong)."""
+    if depth > 6:
+        return type(value).__qualname__
+    depth += 1
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_identity(v, depth) for v in value) + ")"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{_identity(k, depth)}:{_identity(v, depth)}" for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__qualname__ + _identity({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, depth)
+    if isinstance(value, functools.partial):
+        return f"partial({_identity(value.func, depth)},{_identity(value.args, depth)},{_identity(value.keywords, depth)})"
+    code = getattr(value, "__code__", None)
+    if code is not None and inspect.iscode(code):
+        captured = [cell.cell_contents for cell in value.__closure__ or ()]  # what a closure (a builder made in a loop) captured
+        defaults = (value.__defaults__, value.__kwdefaults__)
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}:{_code_identity(code)}" + (
+            _identity([captured, defaults], depth) if captured or defaults != (None, None) else "")
+    return repr(value)
+
+
+def _new_id(fields: Mapping[str, Any]) -> int:
+    """The id of a new definition (Note [Graph ids]): positive, below 2**48."""
+    text = _versions() + "|" + _identity(dict(fields)) + ("|" + _PROCESS_SALT if fields.get("builder") is None else "")
+    graph_id = int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big") or 1
+    with _taken_lock:
+        while graph_id in _taken:
+            graph_id = graph_id % (2**48 - 1) + 1
+        _taken.add(graph_id)
+    return graph_id
 
 
 class Definitions:
@@ -89,8 +157,8 @@ class Definitions:
         self._table: Dict[int, Definition] = {}
 
     def _add(self, **fields) -> int:
+        graph_id = _new_id(fields)
         with self._lock:
-            graph_id = next(_ids)
             self._table[graph_id] = Definition(graph_id=graph_id, **fields)
             return graph_id
 
