@@ -10,8 +10,11 @@ with the build off the caller's path (the interpreter standing in).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch_cudnn_handle as tch  # noqa: E402
 from conftest import frontend_outputs_of, run_concurrently  # noqa: E402
 from support.graphs import linear_relu, linear_relu_backward, linear_relu_reference  # noqa: E402
+from support.paths import REPO, TESTS  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_settings")]
 
@@ -61,6 +65,7 @@ def test_a_bucketed_call_is_the_frontends_bucket_plan_narrowed(m):
     torch.testing.assert_close(y, linear_relu_reference(x, w, b), **TOL)
     torch.testing.assert_close(y, tch.execute(EXACT, [x, w, b])[0], **TOL)
     assert torch.equal(tch.execute(BUCKETED, [x, w, b])[0], y)  # repeatable: the same plan
+    assert built.native, "the bucket's plan runs from C++ once built"
 
 
 def test_sizes_in_one_bucket_share_one_build():
@@ -129,3 +134,33 @@ def test_the_interpreter_stands_in_while_a_bucket_builds():
     later = tch.execute(graph, [x, w, b])[0]
     torch.testing.assert_close(first, later, **TOL)
     torch.testing.assert_close(later, linear_relu_reference(x, w, b), **TOL)
+
+
+STORE_PROGRAM = textwrap.dedent("""
+    import json, sys, torch, torch_cudnn_handle as tch
+    from support.graphs import linear_relu
+
+    graph = tch.register_graph(linear_relu, name="stored_bucketed_linear_relu", buckets=tch.Buckets({0: 1}, {0: 1}))
+    generator = torch.Generator().manual_seed(0)
+    w, b = (torch.randn(*s, generator=generator).to("cuda", torch.bfloat16) for s in ((2, 128, 64), (2, 1, 64)))
+    outputs = {m: tch.execute(graph, [torch.randn(2, m, 128, generator=generator).to("cuda", torch.bfloat16), w, b])[0].cpu()
+               for m in (70, 77, 100)}
+    torch.save(outputs, sys.argv[1])
+    print(json.dumps(dict(routes=[g.route for g in tch.built_graphs(graph)], store=tch.stats.plan_store())))
+""")
+
+
+def test_a_second_process_loads_the_bucket_plans_the_first_stored(tmp_path):
+    environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_STORE="1", TORCH_CUDNN_HANDLE_PLAN_STORE_DIR=str(tmp_path / "plans"))
+    environment["PYTHONPATH"] = os.pathsep.join([REPO, TESTS, environment.get("PYTHONPATH", "")])
+    reports, outputs = [], []
+    for name in ("first", "second"):
+        run = subprocess.run([sys.executable, "-c", STORE_PROGRAM, str(tmp_path / f"{name}.pt")], env=environment,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-4000:]
+        reports.append(json.loads(run.stdout.strip().splitlines()[-1]))
+        outputs.append(torch.load(tmp_path / f"{name}.pt"))
+    assert sorted(reports[0]["routes"]) == ["static", "static"]  # two buckets (80, 112) for three sizes
+    assert reports[1]["routes"] == ["plan_store", "plan_store"], reports[1]
+    for m in outputs[0]:
+        assert torch.equal(outputs[1][m], outputs[0][m]), f"{m} rows: the loaded bucket plan is not the stored one"
