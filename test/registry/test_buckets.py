@@ -88,6 +88,8 @@ def test_execute_out_writes_the_narrowed_outputs():
     out = [torch.full((2, 37, 8), float("nan"))]
     tch.execute_out(BUCKETED, inputs, out=out)
     torch.testing.assert_close(out[0], tch.execute(EXACT, inputs)[0])
+    with pytest.raises(ValueError, match=r"returns outputs of shapes \[\[2, 37, 8\]\], but out has \[\[2, 40, 8\]\]"):
+        tch.execute_out(BUCKETED, inputs, out=[torch.empty(2, 40, 8)])
 
 
 def test_bucketed_inputs_must_agree_on_the_size():

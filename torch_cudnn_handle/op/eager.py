@@ -68,7 +68,13 @@ def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tenso
     """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute` (a
     bucketed graph's outputs are copied into ``out``)."""
     if (_traced_bucket_rule(graph) if torch.compiler.is_compiling() else type(graph) is int and registry.BUCKETED.get(graph)):
-        for target, value in zip(out, execute(graph, inputs), strict=True):
+        values = execute(graph, inputs)
+        if len(out) != len(values) or any(tuple(t.shape) != tuple(v.shape) for t, v in zip(out, values)):
+            raise ValueError(
+                f"cudnn_fe.execute.out: graph {graph_label(graph)} returns outputs of shapes {[list(v.shape) for v in values]}, "
+                f"but out has {[list(t.shape) for t in out]}; allocate out with those shapes"
+            )
+        for target, value in zip(out, values):
             target.copy_(value)
         return None
     try:
