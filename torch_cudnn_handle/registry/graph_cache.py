@@ -48,6 +48,7 @@ from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam
 from .build import REFERENCE_ROUTE, BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
 from .pinned import PinnedGraphs
+from .plans import build_process
 from .specs import TensorSpec
 
 __all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
@@ -188,10 +189,11 @@ class GraphCache:
         future.set_exception(error)
 
     def _background(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The two build threads, made on first use (the exit hook waits for their builds)."""
+        """The build threads, one per build process (each waits on one), made on first use (the
+        exit hook waits for their builds)."""
         with self._lock:
             if self._builder is None:
-                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="torch_cudnn_handle-build",
+                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
                                                                       initializer=_relaxed_build_thread)
             return self._builder
 

@@ -45,7 +45,7 @@ from .build_worker import read_message, write_message
 
 __all__ = ["HELPERS", "BUILD_TIMEOUT_SECONDS", "offer", "build_description", "backend_only", "rejected", "stats"]
 
-HELPERS = 2  # as many as the graph cache's build threads
+HELPERS = 2  # build processes at most; the graph cache runs as many build threads (graph_cache.py)
 BUILD_TIMEOUT_SECONDS = 600.0  # a helper silent this long is ended, and the build done in-process
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_worker.py")  # the helpers' program
 
