@@ -289,7 +289,7 @@ def test_a_python_number_where_the_builder_needs_a_tensor_names_tensor_scalar_an
     graph = tch.register_graph(scale_by_half, name="scale_by_half")
     with pytest.raises(TypeError, match=r"graph 'scale_by_half': the builder passed a Python float where a graph node takes a tensor "
                                         r"\(the frontend said: 'float' object has no attribute 'shape'\).*graph.tensor_scalar\(value, "
-                                        r"cudnn.data_type.FLOAT\).*torch.tensor\(value\)"):
+                                        r"cudnn.scalar_type.RUNTIME_PARAM\).*torch.tensor\(value\)"):
         torch.ops.cudnn_fe.execute(graph, [torch.empty(2, 8, 16, device="meta")])
 
 

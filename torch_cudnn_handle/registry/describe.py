@@ -179,7 +179,7 @@ def _run_builder(definition: Definition, graph, inputs):
             raise
         raise TypeError(
             f"graph {definition.name!r}: the builder passed a Python {number} where a graph node takes a tensor (the frontend "
-            f"said: {error}). Make the constant a graph tensor, graph.tensor_scalar(value, cudnn.data_type.FLOAT), or pass it "
+            f"said: {error}). Make the constant a graph tensor, graph.tensor_scalar(value, cudnn.scalar_type.RUNTIME_PARAM), or pass it "
             "as a host-scalar input of the op (torch.tensor(value): one build serves every value)."
         ) from error
 
