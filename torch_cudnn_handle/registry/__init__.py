@@ -116,7 +116,8 @@ def register_graph(
     buckets: Optional[Buckets] = None,
     **deprecated: Any,
 ) -> int:
-    """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes.
+    """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes (the same
+    in every process that registers the same definition: Note [Graph ids] in definition.py).
 
     ``builder(graph, *inputs, **params)`` adds nodes to ``graph`` (a ``cudnn.pygraph``) for
     ``inputs`` (one ``cudnn`` tensor per op input, with the call's shapes, strides and
