@@ -120,6 +120,15 @@ def test_a_reduction_zero_padding_leaves_alone_is_served():
     torch.testing.assert_close(tch.execute(graph, [x])[0], x.sum(1, keepdim=True), rtol=1e-5, atol=1e-5)
 
 
+def test_a_matmuls_inner_dim_padded_in_both_operands_is_served():
+    def matmul(graph, a, b):
+        return graph.matmul(a, b)
+
+    graph = tch.register_graph(matmul, name="matmul_any_k", buckets=tch.Buckets({0: 2, 1: 1}))  # K: a's dim 2, b's dim 1
+    a, b = torch.randn(2, 16, 37), torch.randn(2, 37, 8)
+    torch.testing.assert_close(tch.execute(graph, [a, b])[0], a @ b, rtol=1e-5, atol=1e-5)
+
+
 def test_a_graph_padding_changes_is_refused_naming_the_output():
     graph = tch.register_graph(exp_row_sum, name="exp_row_sum", buckets=tch.Buckets({0: 1}))
     x = torch.randn(2, 37, 8)

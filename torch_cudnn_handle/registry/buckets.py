@@ -11,20 +11,21 @@ view of the bucket's output). Several inputs may share the dim (they must agree 
 size); outputs not named keep their shape.
 
 Padding is exact only for a graph whose outputs never read across the padded dim (rows
-of a matmul's M, pointwise ops, a norm over the other dims). So before a graph is first
-built for a layout, ``check_padding`` runs it on the torch interpreter, on the CPU, at
+of a matmul's M, pointwise ops, a norm over the other dims) or read zeros there harmlessly
+(a sum; a matmul's K, padded in both operands). So before a graph is first described for
+a layout (describe.py), ``check_padding`` runs it on the torch interpreter, on the CPU, at
 3 rows and at 3 rows padded to 8 with zeros (the backward too, for a differentiable
 graph: autograd through the padding and the narrowing, as the call differentiates it),
 and a graph whose outputs or gradients change, or whose output shapes do not follow the
-declaration, is refused with the output that moved: a softmax or a mean over the
-padded dim, a matmul's K. It runs on a thread of its own (clean autograd state: the op's
+declaration, is refused with the output that moved: a softmax, a mean or exp summed
+over the padded dim. It runs on a thread of its own (clean autograd state: the op's
 kernels run below autograd) once per layout of the other dims, for the process.
 
 Where: ``execute`` / ``execute_out`` (op/eager.py) pad and narrow in torch ops, so
 autograd, torch.compile (dynamic=True: a compiled frame per bucket, as ``size_for`` only
 compares, and one more for a size equal to its bucket, whose narrowed output is
-contiguous) and CUDA graphs see ordinary ops around the op; ``torch.ops.cudnn_fe.execute`` called directly runs
-the exact size. A bucket's plan gives bitwise-repeatable results for a given size; they
+contiguous) and CUDA graphs see ordinary ops around the op; ``torch.ops.cudnn_fe.execute``
+called directly runs the exact size. A bucket's plan gives bitwise-repeatable results for a given size; they
 may differ from an exact plan's within the engines' numerics (another shape, maybe
 another engine). Not with ``ragged=`` (already any length), ``views=`` or ``in_place=``.
 """
