@@ -23,31 +23,30 @@ __all__ = ["execute", "execute_out", "execute_"]
 _has_torch_function = torch._C._has_torch_function  # a TorchFunctionMode, or an input with __torch_function__
 
 
-def _bucketed_execute(graph: int, inputs: List[torch.Tensor], name: str, rule: tuple) -> List[torch.Tensor]:
+def _bucket_rule(graph):
+    """``(id, name, Buckets.rule)`` of a graph registered with ``buckets=``, or None. While
+    tracing, compared against registry.BUCKET_RULES (a constant of the frame: a graph id may
+    be symbolic there); eagerly one lookup in registry.BUCKETED, none before a graph has buckets."""
+    if torch.compiler.is_compiling():
+        for entry in registry.BUCKET_RULES:
+            if graph == entry[0]:
+                return entry
+        return None
+    entry = registry.BUCKETED.get(graph) if type(graph) is int and registry.BUCKETED else None
+    return None if entry is None else (graph, *entry)
+
+
+def _bucketed_execute(graph: int, name: str, rule: tuple, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     padded, size = size_buckets.padded(name, rule, inputs)
     return size_buckets.narrowed(rule, _execute(graph, padded), size)
-
-
-def _traced_bucket_rule(graph):
-    """``(id, name, rule)`` of a bucketed ``graph`` while tracing, or None: compared against
-    registry.BUCKET_RULES (a constant of the frame), since a graph id may be symbolic there."""
-    for entry in registry.BUCKET_RULES:
-        if graph == entry[0]:
-            return entry
-    return None
 
 
 def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     """``torch.ops.cudnn_fe.execute(graph, inputs)``: the graph's outputs, new tensors (for a
     graph registered with ``buckets=``, the named outputs are views of its bucket's)."""
-    if torch.compiler.is_compiling():
-        entry = _traced_bucket_rule(graph)
-        if entry is not None:
-            return _bucketed_execute(entry[0], inputs, entry[1], entry[2])
-    elif type(graph) is int and registry.BUCKETED:  # one dict lookup, and only once a graph has buckets
-        entry = registry.BUCKETED.get(graph)
-        if entry is not None:
-            return _bucketed_execute(graph, inputs, *entry)
+    bucketed = _bucket_rule(graph)
+    if bucketed is not None:
+        return _bucketed_execute(*bucketed, inputs)
     return _execute(graph, inputs)
 
 
@@ -67,8 +66,9 @@ def _execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     """``torch.ops.cudnn_fe.execute.out(graph, inputs, out=out)``; see :func:`execute` (a
     bucketed graph's outputs are copied into ``out``)."""
-    if (_traced_bucket_rule(graph) if torch.compiler.is_compiling() else type(graph) is int and registry.BUCKETED.get(graph)):
-        values = execute(graph, inputs)
+    bucketed = _bucket_rule(graph)
+    if bucketed is not None:
+        values = _bucketed_execute(*bucketed, inputs)
         if len(out) != len(values) or any(tuple(t.shape) != tuple(v.shape) for t, v in zip(out, values)):
             raise ValueError(
                 f"cudnn_fe.execute.out: graph {graph_label(graph)} returns outputs of shapes {[list(v.shape) for v in values]}, "

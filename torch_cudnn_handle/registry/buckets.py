@@ -145,9 +145,10 @@ def padded(name: str, rule: tuple, inputs: Sequence[torch.Tensor]) -> Tuple[list
     ``Buckets.rule``), and the call's size."""
     bucketed, _, minimum, per_doubling = rule
     size = _call_size(name, bucketed, inputs)
-    bucket = bucket_size(size, minimum, per_doubling) if torch.compiler.is_compiling() else _eager_bucket_size(size, minimum, per_doubling)
+    tracing = torch.compiler.is_compiling()
+    bucket = (bucket_size if tracing else _eager_bucket_size)(size, minimum, per_doubling)
     inputs = list(inputs)
-    if torch.compiler.is_compiling() or bucket != size:  # traced: no guard on the size being its bucket's
+    if tracing or bucket != size:  # traced: no guard on the size being its bucket's
         for index, dim in bucketed:
             t = inputs[index]
             inputs[index] = torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1 - dim % t.dim()) + [0, bucket - size])
@@ -205,9 +206,9 @@ def _run_check(graph_id: int, name: str, buckets: Buckets, specs: Tuple[TensorSp
     for i in grads_of:
         real[i].requires_grad_(True)
     exact = torch.ops.cudnn_fe.execute(graph_id, real)  # CPU tensors: the op's interpreter kernel, never this check
-    bucket = Buckets(dict(buckets.inputs), dict(buckets.outputs), minimum=CHECK_BUCKET)  # CHECK_SIZE padded to CHECK_BUCKET
-    inputs, size = padded(name, bucket.rule, real)
-    padded_outputs = narrowed(bucket.rule, torch.ops.cudnn_fe.execute(graph_id, inputs), size)
+    rule = (buckets.inputs, buckets.outputs, CHECK_BUCKET, buckets.per_doubling)  # CHECK_SIZE padded to CHECK_BUCKET
+    inputs, size = padded(name, rule, real)
+    padded_outputs = narrowed(rule, torch.ops.cudnn_fe.execute(graph_id, inputs), size)
     for k, (got, want) in enumerate(zip(padded_outputs, exact)):
         found = _mismatch(f"output {k}", got, want)
         if found:
@@ -269,7 +270,7 @@ def check_padding(graph_id: int, name: str, buckets: Buckets, specs: Sequence[Te
     moved = _checked(graph_id, name, buckets, key, differentiable)
     if moved:
         raise ValueError(
-            f"cudnn_fe.execute: graph {name!r} cannot be bucketed: {moved}. Padding is exact only for outputs that never read "
-            f"across the padded dims ({dict(buckets.inputs)}: no reduction, softmax or matmul K over them), each named in "
-            "Buckets(outputs={output: dim}) when it follows them; register it without buckets= (a plan per size)"
+            f"cudnn_fe.execute: graph {name!r} cannot be bucketed: {moved}. Padding is exact only for outputs that zero rows "
+            f"along the padded dims ({dict(buckets.inputs)}) leave unchanged (no softmax, mean or max over them; a sum is fine), "
+            "each named in Buckets(outputs={output: dim}) when it follows them; register it without buckets= (a plan per size)"
         )
