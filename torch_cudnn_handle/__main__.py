@@ -39,7 +39,8 @@ DESCRIPTION = (
 )
 EPILOG = (
     "Exit status: 0 when the demo's checks pass (losses agree, or the trace has no graph break), 1 otherwise; "
-    "0 also when the reader closes stdout early (e.g. | head), which ends the run there."
+    "2 when a TORCH_CUDNN_HANDLE_* variable holds a value its setting does not take (one line each says which, and "
+    "what it takes); 0 also when the reader closes stdout early (e.g. | head), which ends the run there."
 )
 
 
@@ -189,6 +190,11 @@ def main(argv=None) -> int:
                         "with its output on stderr, and its exit status and the stats after it are in the document")
     parser.add_argument("--version", action="version", version=f"torch_cudnn_handle {__version__}")
     args = parser.parse_args(argv)
+    problems = tch.settings.check_all()  # every setting now, before anything depends on one
+    if problems:
+        for problem in problems:
+            print(f"python -m torch_cudnn_handle: {problem}", file=sys.stderr)
+        return 2
     if args.json:
         return _json_main(args)
     report(facts())

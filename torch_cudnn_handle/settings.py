@@ -1,25 +1,22 @@
 """torch_cudnn_handle's settings: every environment variable the library reads, and its setter.
 
-``SETTINGS`` names each setting once: its environment variable, kind, default and
-meaning (README.md's table is checked against it). A setting's value comes from, first
-to last: ``set(name, value)`` (or its named wrapper below), the environment variable
-(read at each use, so a launcher or a test may change it), the default. A per-graph
-option of ``register_graph`` (``tune=``, ``dynamic_shapes=``, ``reference=``) wins over all
-three (``resolve``). Setters return the previous value.
+``SETTINGS`` names each setting once: its variable, kind, default and meaning (README.md's
+table is checked against it). A value comes from, first to last: ``set(name, value)`` (or
+its named setter below), the environment variable (read at each use, so a launcher or a
+test may change it), the default; a per-graph option of ``register_graph`` (``tune=``,
+``dynamic_shapes=``, ``reference=``, ``background_builds=``) wins over all three
+(``resolve``). Setters return the previous value.
 
-Environment values are parsed strictly: a boolean takes ``0/1/true/false/on/off`` in any
-case, and anything else raises at its first use with an error naming the variable, the
-value and what it accepts; an empty value counts as unset. A directory that cannot be
-created or written is a warning naming it, once, and the feature using it is off.
-Deprecated spellings of a variable (``old_variables``) still work for one release, with a
-DeprecationWarning naming the new one.
+Variables are parsed strictly (a boolean takes ``0/1/true/false/on/off`` in any case; an
+empty value is unset): anything else is a ``SettingError`` (a ValueError naming the
+variable, the value and what it takes) at its first read, for every setting, never at
+import (an import reads no variable). ``check_all`` reads them all (the main job does,
+first). An unusable directory is one warning, and its feature is off. Old spellings
+(``old_variables``) still work for a release, with a DeprecationWarning.
 
 Thread safety: ``set`` is atomic; a reader sees the old value or the new one. Build-time
-variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``MAX_JOBS``, ``CUDNN_INCLUDE_DIR``) are setup.py's:
-the package never reads them. (``TORCH_CUDNN_HANDLE_WITH_CUDA`` is no variable: it is the
-C++ macro setup.py defines when the installed torch has CUDA.)
+variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``MAX_JOBS``, ``CUDNN_INCLUDE_DIR``) are setup.py's.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +27,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = [
-    "SETTINGS", "Setting", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
+    "SETTINGS", "Setting", "SettingError", "check_all", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
     "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
     "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_background_builds", "set_build_process", "set_attention_buckets",
     "set_verify", "set_reference_path",
@@ -50,13 +47,15 @@ class Setting:
     old_variables: Tuple[str, ...] = ()  # deprecated spellings, read with a DeprecationWarning
 
     def accepts(self) -> str:
-        return {
-            "bool": "0/1/true/false/on/off (any case)",
-            "choice": " or ".join(repr(c) for c in self.choices),
-            "int": "a positive integer (at least 1)",
-            "directory": "a directory path",
-            "file": "a file path",
-        }[self.kind]
+        return " or ".join(map(repr, self.choices)) if self.kind == "choice" else _ACCEPTS[self.kind]
+
+
+_ACCEPTS = dict(bool="0/1/true/false/on/off (any case)", int="a positive integer (at least 1)", directory="a directory path", file="a file path")
+
+
+class SettingError(ValueError):
+    """A setting's variable holds a value it does not take; the message names the variable,
+    the value and what it takes."""
 
 
 _CACHE = os.path.join("~", ".cache", "torch_cudnn_handle")
@@ -66,8 +65,7 @@ SETTINGS: Tuple[Setting, ...] = (
             "run backend plans from C++, with no Python per call (graphs built from now on; CUDA builds only)"),
     Setting("native_hand_over", "TORCH_CUDNN_HANDLE_NATIVE_HAND_OVER", "choice", "build",
             "when a plan moves to the native path: at its build, or at its second call", choices=("build", "second_call")),
-    Setting("native_cuda_graphs", "TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS", "bool", True,
-            "launch a native plan as a CUDA graph once a call's addresses repeat"),
+    Setting("native_cuda_graphs", "TORCH_CUDNN_HANDLE_NATIVE_CUDA_GRAPHS", "bool", True, "launch a native plan as a CUDA graph once a call's addresses repeat"),
     Setting("dynamic_shapes", "TORCH_CUDNN_HANDLE_DYNAMIC_SHAPES", "bool", False,
             "build with dynamic shapes and a kernel cache per graph structure (cuDNN 9.21 or newer)"),
     Setting("plan_store", "TORCH_CUDNN_HANDLE_PLAN_STORE", "bool", True,
@@ -75,20 +73,17 @@ SETTINGS: Tuple[Setting, ...] = (
             old_variables=("TORCH_CUDNN_HANDLE_PLAN_CACHE",)),
     Setting("plan_store_dir", "TORCH_CUDNN_HANDLE_PLAN_STORE_DIR", "directory", os.path.join(_CACHE, "plans"),
             "where the plan store keeps its files", old_variables=("TORCH_CUDNN_HANDLE_CACHE_DIR",)),
-    Setting("plan_tuning", "TORCH_CUDNN_HANDLE_TUNE", "bool", False,
-            "time every candidate plan of a new graph once and keep the fastest"),
+    Setting("plan_tuning", "TORCH_CUDNN_HANDLE_TUNE", "bool", False, "time every candidate plan of a new graph once and keep the fastest"),
     Setting("tuning_file", "TORCH_CUDNN_HANDLE_TUNING_FILE", "file", os.path.join(_CACHE, "plan_tuning.json"),
             "the JSON file that keeps tuned plan choices", old_variables=("TORCH_CUDNN_HANDLE_TUNING_CACHE",)),
-    Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024,
-            "built graphs kept in memory; the least recently used is evicted first"),
+    Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024, "built graphs kept in memory; the least recently used is evicted first"),
     Setting("background_builds", "TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS", "bool", False,
             "a new layout's first calls run in torch ops while its plan builds on a background thread (Note [Builds off the caller's path])"),
     Setting("build_process", "TORCH_CUDNN_HANDLE_BUILD_PROCESS", "bool", True,
             "background builds run cuDNN's build in a helper process, so this process's Python does not wait on it (Note [The build process])"),
     Setting("attention_buckets", "TORCH_CUDNN_HANDLE_ATTENTION_BUCKETS", "bool", False,
             "nn.sdpa serves a new sequence length from one ragged plan per length bucket, with no build (Note [Length buckets])"),
-    Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False,
-            "check each plan's first run at each layout against the torch interpreter (synchronizes then)"),
+    Setting("verify", "TORCH_CUDNN_HANDLE_VERIFY", "bool", False, "check each plan's first run at each layout against the torch interpreter (synchronizes then)"),
     Setting("reference_path", "TORCH_CUDNN_HANDLE_REFERENCE", "bool", False,
             "run CUDA calls through the torch interpreter instead of cuDNN (debugging; graphs built from now on)"),
 )
@@ -110,16 +105,16 @@ def _setting(name: str) -> Setting:
 def _parse(setting: Setting, text: str, where: str) -> Any:
     """An environment value of ``setting`` (``where`` names the variable), strictly."""
     value = text.strip()
-    lowered = value.lower()
-    if setting.kind == "bool" and lowered in _TRUE + _FALSE:
-        return lowered in _TRUE
+    if setting.kind == "bool" and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
     if setting.kind == "choice" and value in setting.choices:
         return value
     if setting.kind == "int" and value.isdigit() and int(value) >= 1:
         return int(value)
     if setting.kind in ("directory", "file"):
         return os.path.expanduser(value)
-    raise ValueError(f"{where}={text!r} is not a valid value; it takes {setting.accepts()} ({setting.meaning})")
+    raise SettingError(f"{where}={text!r} is not a valid value; it takes {setting.accepts()} ({setting.meaning}); "
+                       f"set it to one of those, or unset it for the default")
 
 
 def _from_environment(setting: Setting) -> Tuple[bool, Any]:
@@ -129,11 +124,8 @@ def _from_environment(setting: Setting) -> Tuple[bool, Any]:
         if text is None or not text.strip():
             continue
         if variable != setting.variable:
-            _warn_once(
-                (variable, "deprecated"),
-                f"{variable} is deprecated and will be removed in the next release; set {setting.variable} instead",
-                DeprecationWarning,
-            )
+            _warn_once((variable, "deprecated"), f"{variable} is deprecated and will be removed in the next release; set "
+                       f"{setting.variable} instead", DeprecationWarning)
         return True, _parse(setting, text, variable)
     return False, None
 
@@ -148,6 +140,17 @@ def get(name: str) -> Any:
     if found:
         return value
     return os.path.expanduser(setting.default) if setting.kind in ("directory", "file") else setting.default
+
+
+def check_all() -> List[str]:
+    """Every setting read now: the message of each whose variable is bad (``SettingError``), in table order."""
+    problems = []
+    for setting in SETTINGS:
+        try:
+            get(setting.name)
+        except SettingError as error:
+            problems.append(str(error))
+    return problems
 
 
 def resolve(name: str, per_graph: Optional[Any]) -> Any:
@@ -220,12 +223,11 @@ _UNSET = object()
 
 
 def watch(name: str, watcher: Callable[[Any], None]) -> None:
-    """Call ``watcher(value)`` now and on every later set()/reset() of ``name``: how a
-    setting that lives in C++ (the native path's CUDA-graph switch) follows this table."""
+    """Call ``watcher(value)`` on every later set()/reset() of ``name``, not now (an import reads
+    no variable): how a setting that lives in C++ (the CUDA-graph switch) follows this table."""
     _setting(name)
     with _lock:
         _watchers.setdefault(name, []).append(watcher)
-    watcher(get(name))
 
 
 def usable_directory(name: str) -> Optional[str]:
@@ -285,9 +287,7 @@ set_background_builds = _setter("background_builds", "Build new layouts off the 
 set_build_process = _setter("build_process", "Run background builds of backend-only graphs in a helper process")
 set_attention_buckets = _setter("attention_buckets", "Serve nn.sdpa's new lengths from one plan per length bucket")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
-set_reference_path = _setter(
-    "reference_path", "Run every CUDA call through the torch interpreter instead of cuDNN (graphs already built are dropped)"
-)
+set_reference_path = _setter("reference_path", "Run every CUDA call through the torch interpreter instead of cuDNN (graphs built are dropped)")
 
 
 def frontend_dumps_tensors() -> bool:

@@ -27,9 +27,9 @@ from torch_cudnn_handle.summary import current_settings, current_stats, summary_
 ONE_SCREEN = 40
 
 
-def run_main(*args: str) -> subprocess.CompletedProcess:
+def run_main(*args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "torch_cudnn_handle", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "torch_cudnn_handle", *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
     )
 
 
@@ -210,3 +210,12 @@ def test_stdout_closed_before_the_first_write_ends_quietly(args):
     stderr = process.stderr.read()
     assert process.wait(timeout=600) == 0, stderr
     _assert_quiet(stderr)
+
+
+@pytest.mark.parametrize("variable, value", [("TORCH_CUDNN_HANDLE_PLAN_STORE", "maybe"), ("TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "-5")])
+def test_a_bad_setting_is_one_line_naming_it_and_its_fix_and_exit_status_2(variable, value):
+    result = run_main("--report-only", env={**os.environ, variable: value})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"python -m torch_cudnn_handle: {variable}={value!r} is not a valid value; it takes ") and "unset it" in line

@@ -163,6 +163,48 @@ def test_an_all_integer_graph_takes_its_io_type_from_its_first_input():
     assert y.dtype == torch.int32
 
 
+# Values a float32 computation rounds (above 2**24; the int64 ones above 2**53 too).
+BIG_INT64 = [2147483649, -5, 9007199254740993, 16777217]
+BIG_INT32 = [16777217, -5, 2147483000, -2147483000]  # no int32 overflow: torch wraps it, the interpreter computes in int64
+INT_RELU = tch.register_graph(lambda g, x: g.relu(x), name="int_relu")
+INT_ADD_MAX = tch.register_graph(lambda g, a, b: g.max(g.add(a, b), b), name="int_add_max")
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.int64, cudnn.data_type.INT64), (torch.int32, cudnn.data_type.INT32),
+                                             (torch.int8, cudnn.data_type.INT32), (torch.uint8, cudnn.data_type.INT32)])
+def test_an_all_integer_graph_computes_in_an_integer_type_by_default(dtype, expected):
+    seen = {}
+
+    def builder(g, x, y):
+        seen["types"] = (g._context.intermediate_data_type, g._context.compute_data_type)
+        return g.add(x, y)
+
+    gid = tch.register_graph(builder, name=f"int_types_{dtype}")
+    describe(gid, [spec((1, 4, 8), dtype), spec((1, 4, 8), dtype)])
+    assert seen["types"] == (expected, expected)
+    describe(gid, [spec((1, 4, 8), dtype), spec((1, 4, 8), torch.float16)])  # a floating input: float32, as before
+    assert seen["types"] == (cudnn.data_type.FLOAT, cudnn.data_type.FLOAT)
+    chosen = tch.register_graph(builder, name=f"int_types_chosen_{dtype}", compute_data_type=torch.float32)
+    describe(chosen, [spec((1, 4, 8), dtype), spec((1, 4, 8), dtype)])
+    assert seen["types"] == (expected, cudnn.data_type.FLOAT)  # the author's compute type wins; intermediates stay exact
+
+
+@pytest.mark.parametrize("dtype, values", [(torch.int64, BIG_INT64), (torch.int32, BIG_INT32)])
+def test_integer_graphs_on_the_cpu_give_torchs_values_exactly_above_2_pow_24(dtype, values):
+    x = torch.tensor(values, dtype=dtype).reshape(1, 1, 4)
+    (y,) = tch.execute(INT_RELU, [x])
+    assert y.dtype == dtype and y.flatten().tolist() == torch.relu(x).flatten().tolist()
+    b = torch.tensor([3, -9, 1, 2], dtype=dtype).reshape(1, 1, 4)
+    (z,) = tch.execute(INT_ADD_MAX, [x, b])
+    assert z.flatten().tolist() == torch.maximum(x + b, b).flatten().tolist()
+
+
+def test_an_integer_graph_asked_to_compute_in_float32_rounds_as_float32_does():
+    relu = tch.register_graph(lambda g, x: g.relu(x), name="int_relu_in_float", compute_data_type=torch.float32)
+    (y,) = tch.execute(relu, [torch.tensor([16777217, 3], dtype=torch.int64).reshape(1, 1, 2)])
+    assert y.flatten().tolist() == [16777216, 3]  # what the author asked for: float32 arithmetic
+
+
 def test_set_data_type_takes_a_torch_dtype():
     (y,) = torch.ops.cudnn_fe.execute(RELU_TO_HALF, [torch.empty(2, 4, 8, dtype=torch.float32, device="meta")])
     assert y.dtype == torch.float16

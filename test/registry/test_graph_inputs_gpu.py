@@ -154,6 +154,26 @@ def test_an_int8_nhwc_conv_accumulating_in_int32():
     assert torch.equal(y.cpu(), reference)
 
 
+@pytest.mark.parametrize("dtype, values", [(torch.int64, [2147483649, -5, 9007199254740993, 16777217]),
+                                            (torch.int32, [16777217, -5, 2147483647, -2147483647])])
+def test_an_integer_graph_on_cudnn_gives_torchs_values_above_2_pow_24_or_is_refused_with_the_fix(dtype, values):
+    """An all-integer graph computes in an integer type by default (registry/data_types.py):
+    cuDNN's result equals torch's and the interpreter's exactly, or cuDNN builds no plan that
+    way and the call is refused naming compute_data_type=; never a rounded result."""
+    relu = tch.register_graph(lambda g, x: g.relu(x), name=f"int_relu_gpu_{dtype}")
+    x = torch.tensor(values * 64, dtype=dtype, device="cuda").reshape(2, 8, 16)
+    try:
+        (y,) = torch.ops.cudnn_fe.execute(relu, [x])
+    except ValueError as error:
+        assert "compute_data_type=torch.float32" in str(error), error
+        print(f"cuDNN {cudnn.backend_version()} refused an all-{dtype} relu in its integer compute type: {error}")
+        return
+    assert torch.equal(y, torch.relu(x))
+    assert_bitwise_equal(y, frontend_outputs(relu, [x])[0])
+    (on_cpu,) = torch.ops.cudnn_fe.execute(relu, [x.cpu()])  # the interpreter
+    assert torch.equal(on_cpu, y.cpu())
+
+
 def test_set_data_type_with_a_torch_dtype():
     x = torch.randn(4, 32, 64, device="cuda")  # 3-D: Note [Tensors of fewer than 3 dims]
     (y,) = run_or_skip(RELU_TO_HALF, [x])

@@ -131,7 +131,32 @@ def test_a_watcher_follows_every_change():
     settings.watch("dynamic_shapes", seen.append)
     settings.set_dynamic_shapes(True)
     settings.reset("dynamic_shapes")
-    assert seen == [False, True, False]
+    assert seen == [True, False]  # on each change, not when registered (registering reads no variable)
+
+
+def test_the_import_reads_no_variable_and_each_is_checked_at_its_first_read():
+    """Every bad value surfaces at the same moment, its first read (settings.py's docstring):
+    never at import, whatever the setting, and check_all names every bad one."""
+    import subprocess
+    import sys
+
+    bad = {s.variable: BAD[s.kind][0] for s in SETTINGS if s.kind in BAD}
+    script = (
+        "import torch_cudnn_handle as tch\n"
+        "from torch_cudnn_handle import settings\n"
+        "print(len(settings.check_all()))\n"
+        "for s in settings.SETTINGS:\n"
+        "    try:\n"
+        "        settings.get(s.name)\n"
+        "    except settings.SettingError as error:\n"
+        "        print(s.variable, '|', error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, **bad}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    count, *lines = result.stdout.splitlines()
+    assert int(count) == len(bad) == len(lines)
+    assert {line.split(" | ")[0] for line in lines} == set(bad)
+    assert all(f"{variable}={bad[variable]!r} is not a valid value" in line for line in lines for variable in [line.split(" | ")[0]])
 
 
 def test_the_graph_cache_capacity_setting_evicts_at_once():

@@ -10,9 +10,11 @@ this package registers nothing.
 Semantics, and the choices made where cuDNN leaves room:
 
 * Values are computed in ``compute_dtype`` (float32, or float64 for a verify mode); a
-  node whose compute type is an integer type (an int8 convolution's INT32) computes in
-  float64, exact below 2**53. A node's floating compute type narrower than float32 is
-  not emulated: the reference computes at least in float32.
+  node whose compute type is an integer type computes exactly: a pointwise node whose
+  mode is exact on integers (add, mul, max, relu, a comparison, ...) in int64, any other
+  node (an int8 convolution's INT32) in float64, exact below 2**53. Integer inputs are
+  held as int64, so their values reach such a node unrounded. A node's floating compute
+  type narrower than float32 is not emulated: the reference computes at least in float32.
 * A non-virtual tensor holds its declared dtype: the value is rounded to it when stored,
   and a node that reads it (a tensor can be an output and another node's input) reads
   the rounded value, as it would read it from memory.

@@ -76,6 +76,23 @@ DERIVATIVE: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "softplus_backward": torch.sigmoid,
 }
 
+# Modes exact on int64 values, which a node with an integer compute type computes in int64
+# (run.py's Context.compute); any other such node computes in float64. A relu without a slope too.
+_INTEGER_EXACT = frozenset((
+    "abs", "neg", "identity", "logical_not", "add", "bias", "sub", "mul", "scale", "max", "min", "cmp_eq", "cmp_neq",
+    "cmp_gt", "cmp_ge", "cmp_lt", "cmp_le", "logical_and", "logical_or", "binary_select", "gen_index",
+))
+
+
+def integer_exact(node) -> bool:
+    """Whether this pointwise node computes exactly on int64 values (``_INTEGER_EXACT``)."""
+    mode = node.params.get("mode")
+    if mode == "relu":
+        return not node.params.get("negative_slope") and all(
+            node.params.get(clip) is None or float(node.params[clip]).is_integer() for clip in ("lower_clip", "upper_clip"))
+    return mode in _INTEGER_EXACT
+
+
 _RELU_LIKE = ("relu", "leaky_relu", "relu_backward", "leaky_relu_backward")
 _SWISH = ("swish", "swish_backward")
 
@@ -92,6 +109,8 @@ def _relu_params(node):
 
 def _relu(node, x):
     slope, lower, upper = _relu_params(node)
+    if not x.is_floating_point():  # int64 (integer_exact: no slope, integral clips)
+        return x.clamp(min=int(lower), max=None if upper is None else int(float(upper)))
     y = torch.where(x < lower, lower + slope * (x - lower), x)  # one of lower, slope is zero (_relu_params)
     return y if upper is None else torch.minimum(y, torch.tensor(float(upper), dtype=x.dtype, device=x.device))
 

@@ -36,9 +36,12 @@ class Context:
         self.values: Dict[int, torch.Tensor] = {}
 
     def compute(self, node) -> torch.dtype:
-        """The dtype ``node`` computes in: the interpreter's, or float64 (exact below 2**53)
-        for an integer compute type such as an int8 convolution's INT32."""
-        return torch.float64 if is_integer_data_type(node.compute_data_type) else self.compute_dtype
+        """The dtype ``node`` computes in: the interpreter's, or for an integer compute type
+        int64 where the node is exact on integers (pointwise.integer_exact), else float64
+        (exact below 2**53: an int8 convolution's INT32)."""
+        if not is_integer_data_type(node.compute_data_type):
+            return self.compute_dtype
+        return torch.int64 if node_kind(node) == "POINTWISE" and pointwise.integer_exact(node) else torch.float64
 
     def value(self, tensor, node) -> torch.Tensor:
         """The value of ``tensor`` in ``node``'s compute dtype."""
@@ -76,12 +79,20 @@ def _load_inputs(graph, tensors: Mapping[int, torch.Tensor], ctx: Context) -> No
     for desc in sorted(graph_inputs(graph), key=lambda t: t.ragged_offset is not None):
         data = tensors.get(desc.uid)
         if desc.is_pass_by_value:
-            ctx.values[desc.uid] = pass_by_value(desc, data, ctx.compute_dtype, ctx.device)
+            ctx.values[desc.uid] = pass_by_value(desc, data, _held_as(desc, ctx), ctx.device)
             continue
         if data is None:
             raise ValueError(f"interpreter: no tensor given for input {desc.name!r} (uid {desc.uid})")
-        compute = torch.float64 if not torch_dtype(desc).is_floating_point else ctx.compute_dtype
-        ctx.values[desc.uid] = read(desc, data, compute, ctx.offsets_of(desc))
+        ctx.values[desc.uid] = read(desc, data, _held_as(desc, ctx), ctx.offsets_of(desc))
+
+
+def _held_as(desc, ctx: Context) -> torch.dtype:
+    """The dtype an input's value is held in: integers int64 (exact), booleans float64 (0/1),
+    floating types the interpreter's compute dtype."""
+    dtype = torch_dtype(desc)
+    if dtype.is_floating_point:
+        return ctx.compute_dtype
+    return torch.float64 if dtype == torch.bool else torch.int64
 
 
 def _store(node, port: str, out, value: torch.Tensor, ctx: Context, round_virtual: bool) -> None:

@@ -1,7 +1,7 @@
 """Moving values between the caller's torch tensors and the interpreter's.
 
 Inside, every tensor's value is a dense torch tensor of the described dims in a floating
-compute dtype (booleans are 0/1, integers exact). At the edges:
+compute dtype, or int64 for integers (booleans are 0/1, integers exact). At the edges:
 
 * An input is read the way cuDNN reads a buffer: from the tensor's address (its storage
   and storage offset) with the strides the description declares, which is how the op
@@ -28,7 +28,7 @@ _FP8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") i
 
 
 def cast(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` (floating) stored as ``dtype``, with cuDNN's conversion rules (module docstring)."""
+    """``value`` stored as ``dtype``, with cuDNN's conversion rules (module docstring)."""
     if dtype == torch.bool:
         return value != 0
     if dtype.is_floating_point:
@@ -37,6 +37,8 @@ def cast(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             value = torch.where(value.isnan(), value, value.clamp(-limit, limit))
         return value.to(dtype)
     info = torch.iinfo(dtype)
+    if not value.is_floating_point():  # an integer value (int64, exact): saturated, never through a float
+        return value.to(torch.int64).clamp(info.min, info.max).to(dtype)
     wide = value.to(torch.float64)
     wide = torch.nan_to_num(wide, nan=0.0).round().clamp(info.min, info.max)
     return wide.to(dtype)

@@ -39,7 +39,7 @@ from .ubjson import decode_ubjson
 
 __all__ = ["NativeBinding", "HandOverSource", "NativePlanSpec", "backend_plan_of", "decode_ubjson", "last_used_ns", "capturing", "cuda_graph_stats"]
 
-if _C.with_cuda:  # the switch lives in C++ (plan_graphs.cpp); the setting is settings.py's
+if _C.with_cuda:  # the switch lives in C++ (plan_graphs.cpp); the setting is settings.py's (binding.py reads it first)
     settings.watch("native_cuda_graphs", lambda enabled: _C.set_native_cuda_graphs(bool(enabled)))
 
 
@@ -49,4 +49,4 @@ def cuda_graph_stats() -> dict:
     would not make; those calls executed), ``kept`` (alive now), and ``enabled``."""
     if not _C.with_cuda:
         return dict(populated=0, captured=0, launched=0, failed=0, kept=0, enabled=False)
-    return dict(_C.native_cuda_graph_counts(), enabled=bool(_C.native_cuda_graphs_enabled()))
+    return dict(_C.native_cuda_graph_counts(), enabled=bool(settings.get("native_cuda_graphs")))

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import _C
+from .. import _C, settings
 from ..build_scope import build_scope
 from .eligibility import backend_plan_of
 
@@ -163,6 +163,9 @@ class NativeBinding:
         spec, reason = backend_plan_of(source.graph, tuple(source.uids), serialized)
         if spec is None:
             return False, 0, reason
+        # The C++ CUDA-graph switch, from the setting's value now: its variable is read here,
+        # where the native path is first used, not at import (set() reaches it at once: native/__init__.py).
+        _C.set_native_cuda_graphs(bool(settings.get("native_cuda_graphs")))
         try:  # deserialized on this thread's pooled handle for the device (the extension picks it)
             serial, _, graph_route = _C.native_register(
                 source.graph_id, source.device, list(source.inputs), list(source.outputs), list(source.uids),

@@ -34,6 +34,7 @@ from ..native import HandOverSource, NativeBinding
 from . import describe as describing
 from .broadcasts import materialized_specs
 from .build_timing import PhaseClock
+from .data_types import integer_default
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
 from .plans import DESERIALIZED_ROUTES, engine_of, obtain
@@ -118,12 +119,17 @@ def build(
             return _reference_graph(definition, device, specs, layout, clock)
         try:
             obtained = obtain(definition, device, specs, handle, deterministic, clock, off_path=off_path)
-        except Exception:
+        except Exception as error:
             if not deterministic:
+                _refuse_integer_default(definition, specs, error)
                 raise
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
-            obtained = obtain(definition, device, specs, handle, False, clock)
+            try:
+                obtained = obtain(definition, device, specs, handle, False, clock)
+            except Exception as retried:
+                _refuse_integer_default(definition, specs, retried)
+                raise
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
@@ -150,6 +156,19 @@ def build(
     )
     built.build_seconds = sum(clock.seconds.values())
     return built
+
+
+def _refuse_integer_default(definition: Definition, specs, error: Exception) -> None:
+    """An all-integer graph cuDNN would not build in its default integer compute type
+    (data_types.py): refused with the two fixes, never computed in float32 behind the author's back."""
+    compute = integer_default(definition.data_types, specs)
+    if compute is not None:
+        raise ValueError(
+            f"cudnn_fe.execute: graph {definition.name!r} has integer inputs only, so it computes in {compute} by default "
+            f"(float32 would round values above 2**24), and cuDNN built no plan for it that way ({type(error).__name__}: "
+            f"{error}). Register it with compute_data_type=torch.float32 to compute in float32 (exact below 2**24), or "
+            "call it with floating-point tensors"
+        ) from error
 
 
 REFERENCE_REASON = "the torch interpreter runs it, never cuDNN (op/reference.py)"

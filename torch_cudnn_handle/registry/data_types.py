@@ -8,6 +8,12 @@ by default io is the first floating-point device input's dtype (the first device
 input's when none is floating: an all-integer graph) and intermediate and compute are
 float32. Host scalars (pass-by-value operands such as an epsilon) never choose the io
 type.
+
+An all-integer graph (integer device inputs, none floating) computes in an integer type
+by default, intermediates too: INT64 when an input is int64, else INT32. In float32 it
+would round every value above 2**24 silently (a relu of int64 16777217 gave 16777216),
+on cuDNN and on the interpreter alike. ``compute_data_type=torch.float32`` asks for the
+float computation (a graph that needs it: an exp of integers).
 """
 
 from __future__ import annotations
@@ -45,14 +51,37 @@ class GraphDataTypes:
                     f"use one of {dtype_names(TORCH_DTYPES)}"
                 )
         io = self.io if self.io is not None else cudnn_data_type_of(_default_io_dtype(specs))
-        intermediate = self.intermediate if self.intermediate is not None else cudnn.data_type.FLOAT
-        compute = self.compute if self.compute is not None else cudnn.data_type.FLOAT
+        default = _default_compute(specs)
+        intermediate = self.intermediate if self.intermediate is not None else default
+        compute = self.compute if self.compute is not None else default
         return io, intermediate, compute
 
 
+def integer_default(types: GraphDataTypes, specs: Sequence[TensorSpec]) -> Optional[str]:
+    """The integer compute type an all-integer graph got by default ("INT64", "INT32"), or
+    None (chosen by the author, or a graph with floating inputs): what a failed build names."""
+    if types.compute is not None:
+        return None
+    default = _default_compute(specs)
+    return None if default == cudnn.data_type.FLOAT else default.name
+
+
+def _device_specs(specs: Sequence[TensorSpec]) -> Sequence[TensorSpec]:
+    return [s for s in specs if not s.host] or list(specs)
+
+
 def _default_io_dtype(specs: Sequence[TensorSpec]) -> torch.dtype:
-    device = [s for s in specs if not s.host] or list(specs)
+    device = _device_specs(specs)
     return next((s.dtype for s in device if s.dtype.is_floating_point), device[0].dtype)
+
+
+def _default_compute(specs: Sequence[TensorSpec]):
+    """float32, or for an all-integer graph its integer type (module docstring)."""
+    dtypes = {s.dtype for s in _device_specs(specs)}
+    integers = {d for d in dtypes if not d.is_floating_point and d != torch.bool}
+    if not integers or any(d.is_floating_point for d in dtypes):
+        return cudnn.data_type.FLOAT
+    return cudnn.data_type.INT64 if torch.int64 in integers else cudnn.data_type.INT32
 
 
 def _as_cudnn(value, what: str) -> Optional[Any]:
