@@ -67,7 +67,7 @@ def _synchronized_ms(fn) -> float:
 
 def _steady_ms(call, calls: int) -> float:
     import torch_cudnn_handle as tch
-    from torch_cudnn_handle.nn.attention_buckets import TAKE_OVER_CALLS
+    from torch_cudnn_handle.nn.attention_routes import TAKE_OVER_CALLS
 
     for _ in range(TAKE_OVER_CALLS + 1):  # an exact plan's take-over starts (Note [Attention off the caller's path])
         call()
@@ -255,7 +255,7 @@ def block_process(report_path: str) -> None:
     stats = tch.stats.graphs()
     store = tch.stats.plan_store()
     obtain = sum(stats["phase_seconds"].get(p, 0.0) for p in OBTAIN_PHASES)
-    keys = ("plan_seconds", "phase_seconds", "builds", "routes")
+    keys = ("plan_seconds", "phase_seconds", "builds", "plan_sources", "routes")
     with open(report_path, "w") as file:
         json.dump(dict(first_step_s=first_step, obtain_seconds=obtain, **{k: stats[k] for k in keys},
                        **{f"disk_{k}": store[k] for k in ("hits", "misses", "writes", "rejected")}), file)

@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     stats = tch.stats.graphs()
     plan_seconds = stats["plan_seconds"] - stats_before["plan_seconds"]
     phases = {p: s - stats_before["phase_seconds"].get(p, 0.0) for p, s in stats["phase_seconds"].items()}
-    routes = {r: n - stats_before["routes"].get(r, 0) for r, n in stats["routes"].items()}
+    routes = {r: n - stats_before["plan_sources"].get(r, 0) for r, n in stats["plan_sources"].items()}
     print(f"{len(lengths)} steps in {wall:.1f} s; total build seconds {plan_seconds:.2f} "
           f"({sum(routes.values())} graphs obtained: {', '.join(f'{n} {r}' for r, n in sorted(routes.items()))})")
     print("  by phase, s: " + ", ".join(f"{p} {s:.2f}" for p, s in sorted(phases.items(), key=lambda item: -item[1])))

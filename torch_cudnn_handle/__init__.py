@@ -16,20 +16,13 @@ docs/architecture.md draws the package.
 """
 
 from ._version import __version__
-
-import torch  # noqa: F401  -- before _C, which links against libtorch
-import cudnn  # noqa: F401  -- loads libcudnn, which the pool takes its handles from
-
-from ._extension import load_extension
-
-_C = load_extension()  # a clear ImportError when _C is missing or was built for another torch
-
+from ._extension import _C  # noqa: F401  -- owned by _extension.py; here for tch._C, as before
 from . import settings  # noqa: E402
 from .pool import PooledHandle, bind_context, current_handle, release_workspaces, with_cuda  # noqa: E402
 from .build_scope import build_scope  # noqa: E402
 from .registry import Backward, BackwardOperand, BackwardStep, Buckets, OperandViews, Ragged, built_graphs, register_built_graph, register_graph  # noqa: E402
 from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
-from .op import execute, execute_, execute_out, execute_reference  # noqa: E402
+from .op import execute, execute_, execute_out, execute_reference, explain  # noqa: E402
 from .frontend_ops import adopt_frontend_ops, restore_frontend_ops  # noqa: E402
 from . import stats  # noqa: E402
 from ._deprecated import deprecated_attribute  # noqa: E402
@@ -37,7 +30,7 @@ from ._deprecated import deprecated_attribute  # noqa: E402
 __all__ = [
     "__version__",
     "register_graph", "register_built_graph", "Backward", "BackwardOperand", "BackwardStep", "Buckets", "OperandViews", "Ragged",
-    "execute", "execute_out", "execute_", "execute_reference", "built_graphs",
+    "execute", "execute_out", "execute_", "execute_reference", "explain", "built_graphs",
     "current_handle", "bind_context", "build_scope", "PooledHandle", "release_workspaces", "with_cuda",
     "adopt_frontend_ops", "restore_frontend_ops",
     "settings", "stats",

@@ -30,10 +30,10 @@ def set_plan_tuning(enabled: bool, cache_file: Optional[str] = None) -> bool:
 
 
 def registry_stats() -> dict:
-    """The graph cache's counters with the plan store's as ``disk_*`` and its route under
-    its old name ``"disk_cache"``, as before."""
+    """The graph cache's counters with the plan store's as ``disk_*``, and as ``routes`` the
+    graphs obtained per plan source with the plan store's under its old name ``"disk_cache"``, as before."""
     graphs = stats.graphs()
-    graphs["routes"] = {("disk_cache" if route == "plan_store" else route): n for route, n in graphs["routes"].items()}
+    graphs["routes"] = {("disk_cache" if source == "plan_store" else source): n for source, n in graphs["plan_sources"].items()}
     return dict(graphs, **{f"disk_{name}": n for name, n in stats.plan_store().items()})
 
 

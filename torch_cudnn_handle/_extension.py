@@ -1,4 +1,4 @@
-"""Loads the C++ extension, ``torch_cudnn_handle._C``, or says clearly why it cannot.
+"""The C++ extension, ``_C``: this module loads it, once, and owns it; every module takes it from here.
 
 ``_C`` is compiled against one torch (its headers and libraries): missing, or loaded
 into another torch, it fails deep inside Python's import machinery ("cannot import name
@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Optional
 
-import torch
+import torch  # before _C, which links against libtorch
+import cudnn  # noqa: F401  -- loads libcudnn, which the pool takes its handles from
 
 REBUILD = (
     "build it for this environment: in the repository, pip install --no-build-isolation --no-deps -e . "
@@ -54,3 +55,6 @@ def load_extension():
     if why is not None:
         raise ImportError(f"torch_cudnn_handle's C++ extension ({extension.__file__}) does not match this torch: {why}; {REBUILD}")
     return extension
+
+
+_C = load_extension()  # a clear ImportError when _C is missing or was built for another torch

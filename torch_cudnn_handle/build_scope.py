@@ -18,7 +18,7 @@ import cudnn
 import torch
 from cudnn.frost.device import build_device
 
-from . import _C
+from ._extension import _C
 from .pool import current_handle
 
 __all__ = ["build_scope"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import cudnn  # noqa: F401  -- loads the libcudnn the pool takes its handles from
 import torch  # noqa: F401  -- loads libc10/libtorch, which _C links against
 
-from . import _C
+from ._extension import _C
 
 __all__ = ["PooledHandle", "current_handle", "pool_stats", "bind_context", "release_workspaces", "with_cuda"]
 

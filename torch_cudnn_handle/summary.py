@@ -41,19 +41,19 @@ def _handle_rows(pool: dict) -> list:
     return rows
 
 
-ROUTE_WORDS = {
+SOURCE_WORDS = {
     "static": "built", "kernel_cache": "built from a kernel cache (dynamic shapes)", "plan_store": "loaded from the plan store",
     "reference": "run on the torch interpreter instead (reference=True or the reference_path setting)",
 }
 
 
 def _graph_rows(graphs: dict) -> list:
-    routes = graphs["routes"]
-    obtained = sum(routes.values())
+    sources = graphs["plan_sources"]
+    obtained = sum(sources.values())
     if not obtained and not graphs["cached"]:
         return [("graphs", f"{graphs['definitions']} registered, none built yet (each is built on its first call, "
                            "per device and input layout)")]
-    where = _counted((n, ROUTE_WORDS.get(route, f"via {route}")) for route, n in sorted(routes.items(), key=lambda item: item[0] != "static"))
+    where = _counted((n, SOURCE_WORDS.get(source, f"via {source}")) for source, n in sorted(sources.items(), key=lambda item: item[0] != "static"))
     rows = [("graphs", f"{graphs['definitions']} registered; {obtained} obtained in {graphs['plan_seconds']:.2f} s: {where}")]
     pending = graphs["native_pending"]
     on_python = "on the Python path" + (f" ({pending} of them go native at their next call)" if pending else "")

@@ -125,6 +125,7 @@ void bind_native(py::module& m) {
         py::arg("graph"), py::arg("serial"), py::call_guard<py::gil_scoped_release>());
   m.def("native_last_used", [] { return NativePlanTable::instance().last_used(); },
         "serial -> when each native plan last ran (monotonic clock, ns; 0 = never).");
+  m.def("native_calls", [] { return NativePlanTable::instance().calls(); }, "serial -> calls each native plan ran.");
   m.def("native_plan_count", [] { return NativePlanTable::instance().size(); });
   m.def("native_plans_alive", &NativePlan::alive,
         "Native plans alive: in the table, executing, or kept by a CUDA graph that captured them.");

@@ -141,6 +141,7 @@ NativePlan::~NativePlan() {
 int64_t NativePlan::alive() { return plans_alive.load(std::memory_order_relaxed); }
 
 void NativePlan::mark_used() const {
+  calls_.fetch_add(1, std::memory_order_relaxed);
   const int64_t now = now_ns();
   if (now - last_used_ns_.load(std::memory_order_relaxed) > kUseResolutionNs) {
     last_used_ns_.store(now, std::memory_order_relaxed);

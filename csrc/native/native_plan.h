@@ -110,6 +110,8 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   const std::vector<OperandLayout>& outputs() const { return outputs_; }
   const std::vector<int64_t>& output_positions() const { return output_positions_; }
   int64_t last_used_ns() const { return last_used_ns_.load(std::memory_order_relaxed); }
+  // Calls it ran, for stats.graphs()'s calls by route (a relaxed count: a report, never a decision).
+  uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
   bool matches(at::TensorList inputs) const;
   bool matches_outputs(at::TensorList inputs, at::TensorList outputs) const;
@@ -149,6 +151,7 @@ class NativePlan : public std::enable_shared_from_this<NativePlan> {
   mutable std::atomic<int> graph_failures_{0};  // graphs that could not be made, on any handle
   uint64_t serial_;  // unique per plan for the process: keys the handles' cached variant packs
   mutable std::atomic<int64_t> last_used_ns_{0};
+  mutable std::atomic<uint64_t> calls_{0};
 };
 
 // The native plans, by graph id. Thread-safe; lookups take a shared lock.
@@ -164,6 +167,8 @@ class NativePlanTable {
   size_t size() const;
   // serial -> when each plan in the table last ran (steady_clock ns; 0 = never).
   std::map<uint64_t, int64_t> last_used() const;
+  // serial -> how many calls each plan in the table ran.
+  std::map<uint64_t, uint64_t> calls() const;
 
  private:
   mutable std::shared_mutex mutex_;

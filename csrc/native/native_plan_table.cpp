@@ -63,4 +63,13 @@ std::map<uint64_t, int64_t> NativePlanTable::last_used() const {
   return out;
 }
 
+std::map<uint64_t, uint64_t> NativePlanTable::calls() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::map<uint64_t, uint64_t> out;
+  for (const auto& [graph, plans] : plans_) {
+    for (const auto& plan : plans) out[plan->serial()] = plan->calls();
+  }
+  return out;
+}
+
 }  // namespace torch_cudnn_handle::native

@@ -36,13 +36,13 @@ def test_an_old_setter_warns_naming_its_replacement_and_sets_the_new_setting(fre
 
 
 def test_registry_stats_keeps_the_old_disk_names(monkeypatch):
-    # Routes are counted only where graphs build (a GPU): the counts given here, the renaming real.
+    # Plan sources are counted only where graphs build (a GPU): the counts given here, the renaming real.
     real = stats.graphs
-    monkeypatch.setattr(stats, "graphs", lambda: dict(real(), routes={"static": 2, "plan_store": 3, "build_process": 1}))
+    monkeypatch.setattr(stats, "graphs", lambda: dict(real(), plan_sources={"static": 2, "plan_store": 3, "build_process": 1}))
     with pytest.warns(DeprecationWarning, match=r"registry_stats is deprecated.*stats\.graphs\(\) and stats\.plan_store\(\)"):
         old = tch.registry_stats()
     new = stats.graphs()
     assert {key for key in old if not key.startswith("disk_")} == set(new)
     assert {f"disk_{name}" for name in stats.plan_store()} <= set(old)
-    assert old["routes"] == {"static": 2, "disk_cache": 3, "build_process": 1}  # the plan store's route under its old name
-    assert new["routes"]["plan_store"] == 3  # the new function's dict is not changed by the old one
+    assert old["routes"] == {"static": 2, "disk_cache": 3, "build_process": 1}  # plan sources, the plan store's under its old name
+    assert new["plan_sources"]["plan_store"] == 3  # the new function's dict is not changed by the old one

@@ -136,10 +136,10 @@ def test_the_report_says_each_subsystem_in_words(default_lines):
 
 def test_summary_rows_of_a_busy_process_say_where_graphs_came_from_and_how_they_run():
     """The rows of a process that built and ran graphs (stats as a GPU run leaves them; on
-    this machine nothing can build): counts per route and per path, in words."""
+    this machine nothing can build): counts per plan source and per path, in words."""
     stats = current_stats()
     stats["graphs"].update(definitions=23, cached=9, native=8, python_path=1, native_pending=1, hits=120, misses=9, builds=7,
-                           routes={"static": 6, "plan_store": 2, "kernel_cache": 1}, plan_seconds=1.5,
+                           plan_sources={"static": 6, "plan_store": 2, "kernel_cache": 1}, plan_seconds=1.5,
                            phase_seconds={"build_plans": 1.0}, evictions=3)
     stats["plan_store"].update(hits=2, writes=7)
     stats["tuning"].update(tuned=3, cache_hits=1, tune_seconds=4.5)

@@ -139,3 +139,61 @@ def test_files_are_a_screen_or_two():
 def test_each_module_opens_by_naming_what_it_owns(name):
     tree = ast.parse(open(MODULES[name]).read())
     assert ast.get_docstring(tree), f"{name} has no module docstring"
+
+
+def test_no_module_imports_from_the_packages_init():
+    """``__init__.py`` is only the package's face: a module takes the extension from
+    ``_extension.py`` and each name from the module that owns it, never from the package."""
+    found = []
+    for name, path in MODULES.items():
+        for module, imported, line in _imports(name, path):
+            if module == "torch_cudnn_handle" and imported and f"torch_cudnn_handle.{imported}" not in MODULES and name != "torch_cudnn_handle":
+                found.append(f"{os.path.relpath(path, ROOT)}:{line}: {imported}")
+    assert not found, "names imported from torch_cudnn_handle/__init__.py:\n" + "\n".join(found)
+
+
+def _calls_the_op(source: str) -> bool:
+    """Whether code (not docstrings) reaches ``torch.ops.cudnn_fe`` or the extension's entries ``_C.execute*``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and (node.attr == "cudnn_fe" or (
+                node.attr.startswith("execute") and isinstance(node.value, ast.Name) and node.value.id == "_C")):
+            return True
+    return False
+
+
+def test_the_registry_never_calls_the_op_and_the_op_uses_the_registrys_face():
+    """One direction: op -> registry (its face, registry/__init__.py), never back."""
+    climbs, deep = [], []
+    for name, path in MODULES.items():
+        text = open(path).read()
+        if name.startswith("torch_cudnn_handle.registry"):
+            if _calls_the_op(text) or any(
+                    m.startswith(("torch_cudnn_handle.op", "torch_cudnn_handle.nn")) for m, _, _ in _imports(name, path)):
+                climbs.append(os.path.relpath(path, ROOT))
+        if name.startswith("torch_cudnn_handle.op"):
+            for module, imported, line in _imports(name, path):
+                target = f"{module}.{imported}" if imported else module
+                if module.startswith("torch_cudnn_handle.registry.") or (module == "torch_cudnn_handle.registry" and target in MODULES):
+                    deep.append(f"{os.path.relpath(path, ROOT)}:{line}: {target}")
+    assert not climbs, f"registry modules that call the op or import from above: {climbs}"
+    assert not deep, "op modules importing the registry's modules instead of its face:\n" + "\n".join(deep)
+
+
+def test_the_settings_a_route_reads_are_read_by_routes_py_alone():
+    """Note [One route per call]: registry/routes.py's ``Resolved`` reads them once per
+    decision; no other module decides on them (stats report the verify setting's value)."""
+    import dataclasses
+
+    from torch_cudnn_handle.registry.routes import Resolved
+
+    names = "|".join(f.name for f in dataclasses.fields(Resolved))
+    reads = re.compile(rf'(settings\.(get|resolve)\(\s*"({names})"|tuning_enabled|dynamic_shapes_enabled|plan_store\.enabled)')
+    reports = {"torch_cudnn_handle/op/verify.py": 1}  # stats.verify()["enabled"]: a report, never a decision
+    found = {}
+    for name, path in MODULES.items():
+        relative = os.path.relpath(path, ROOT)
+        if name not in ("torch_cudnn_handle.settings", "torch_cudnn_handle.registry.routes"):
+            count = len(reads.findall(open(path).read()))
+            if count > reports.get(relative, 0):
+                found[relative] = count
+    assert not found, f"route settings read outside registry/routes.py: {found}"

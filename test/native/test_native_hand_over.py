@@ -40,8 +40,8 @@ def test_a_graph_evicted_while_handed_over_stays_on_the_python_path():
 
 def test_a_disabled_native_path_and_bool_operands_stay_on_the_python_path():
     source = pending_binding()._source
-    assert NativeBinding.on_build(source, enabled=False, hand_over="build", has_bool=False).reason == "native path disabled"
-    assert "Note [Bit-packed booleans]" in NativeBinding.on_build(source, enabled=True, hand_over="build", has_bool=True).reason
+    assert NativeBinding.on_build(source, when="never", has_bool=False).reason == "native path disabled"
+    assert "Note [Bit-packed booleans]" in NativeBinding.on_build(source, when="at_build", has_bool=True).reason
 
 
 def test_when_to_hand_over_is_one_of_two_and_a_typo_says_so(fresh_settings):

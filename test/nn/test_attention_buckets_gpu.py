@@ -167,7 +167,7 @@ _CHILD = textwrap.dedent("""
     o = sdpa(q, k, v, True)
     o.backward(torch.ones_like(o))
     digest = hashlib.sha256(b"".join(t.detach().float().cpu().numpy().tobytes() for t in (o, q.grad, k.grad, v.grad))).hexdigest()
-    print(json.dumps(dict(routes=tch.stats.graphs()["routes"], store=tch.stats.plan_store(), digest=digest)))
+    print(json.dumps(dict(routes=tch.stats.graphs()["plan_sources"], store=tch.stats.plan_store(), digest=digest)))
 """)
 
 

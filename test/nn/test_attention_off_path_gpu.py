@@ -10,7 +10,8 @@ import torch
 import torch_cudnn_handle as tch
 from test_attention_buckets_gpu import _assert_close, _forward_backward, _qkv, _torch_float32  # the buckets' own GPU tests' helpers
 from torch_cudnn_handle.nn import sdpa
-from torch_cudnn_handle.nn.attention_buckets import TAKE_OVER_CALLS, bucket_of, torch_attention
+from torch_cudnn_handle.nn.attention_buckets import bucket_of
+from torch_cudnn_handle.nn.attention_routes import TAKE_OVER_CALLS, torch_attention
 
 pytestmark = pytest.mark.gpu
 

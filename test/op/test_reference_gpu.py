@@ -8,7 +8,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import _C, registry, settings, stats
-from torch_cudnn_handle.registry.build import REFERENCE_ROUTE
+from torch_cudnn_handle.registry.build import REFERENCE_SOURCE
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +32,7 @@ def _inputs(device="cuda", dtype=torch.float16):
 
 def _assert_reference_entry(graph_id):
     (built,) = tch.built_graphs(graph_id)
-    assert built.route == REFERENCE_ROUTE and built.graph is None and not built.native and not built.native_pending
+    assert built.route.runs_on == "interpreter" and built.plan_source == REFERENCE_SOURCE and built.graph is None and not built.native and not built.native_pending
     assert "torch interpreter" in built.path_reason and built.engine == "reference"
     return built
 
@@ -47,7 +47,7 @@ def test_a_reference_graph_runs_on_the_interpreter_on_its_gpu_and_is_never_built
     torch.testing.assert_close(out.cpu().float(), expected.float(), atol=2e-3, rtol=2e-3)
     _assert_reference_entry(graph_id)
     after = stats.graphs()
-    assert after["builds"] == before["builds"] and after["routes"].get(REFERENCE_ROUTE, 0) == before["routes"].get(REFERENCE_ROUTE, 0) + 1
+    assert after["builds"] == before["builds"] and after["plan_sources"].get(REFERENCE_SOURCE, 0) == before["plan_sources"].get(REFERENCE_SOURCE, 0) + 1
     assert _C.run_native(graph_id, inputs) is None  # no native plan, now or at a later call
     tch.execute(graph_id, inputs)
     assert _C.run_native(graph_id, inputs) is None and not tch.built_graphs(graph_id)[0].native
@@ -79,16 +79,16 @@ def test_the_setting_moves_every_graph_there_and_back_at_once():
     inputs = _inputs()
     (native,) = tch.execute(follows, inputs)
     tch.execute(stays, inputs)
-    assert tch.built_graphs(follows)[0].route != REFERENCE_ROUTE
+    assert tch.built_graphs(follows)[0].plan_source != REFERENCE_SOURCE
     with settings.override(reference_path=True):
         assert tch.built_graphs(follows) == []  # dropped with its native plan when the setting was switched
         (interpreted,) = tch.execute(follows, inputs)
         _assert_reference_entry(follows)
-        assert tch.built_graphs(stays)[0].route != REFERENCE_ROUTE  # reference=False: cuDNN whatever the setting
+        assert tch.built_graphs(stays)[0].plan_source != REFERENCE_SOURCE  # reference=False: cuDNN whatever the setting
         torch.testing.assert_close(interpreted.float(), native.float(), atol=2e-3, rtol=2e-3)
     assert tch.built_graphs(follows) == []  # off: the interpreter's entry is dropped too
     tch.execute(follows, inputs)
-    assert tch.built_graphs(follows)[0].route != REFERENCE_ROUTE
+    assert tch.built_graphs(follows)[0].plan_source != REFERENCE_SOURCE
 
 
 def test_execute_reference_runs_a_cuda_call_in_torch_ops_on_its_gpu():

@@ -10,7 +10,8 @@ import torch_cudnn_handle as tch
 from torch_cudnn_handle import registry, settings
 from torch_cudnn_handle.native import NativeBinding
 from torch_cudnn_handle.registry import graph_cache
-from torch_cudnn_handle.registry.build import REFERENCE_ROUTE, BuiltGraph
+from torch_cudnn_handle.registry.build import BuiltGraph
+from torch_cudnn_handle.registry.routes import Route
 
 
 def relu(graph, x):
@@ -36,10 +37,10 @@ def test_the_setting_has_a_variable_and_a_named_setter():
     assert settings.set_reference_path(False) is False
 
 
-def _entry(graph_id: int, route: str):
+def _entry(graph_id: int, runs_on: str):
     layout = registry.layout(graph_id, [registry.TensorSpec((2, 3, 4), (12, 4, 1), torch.float32)])
-    built = BuiltGraph(None, 0, (), layout, (), 0, NativeBinding("python", "a stand-in"), route=route)
-    key = (graph_id, 0, (("stand-in", route),), False)
+    built = BuiltGraph(None, 0, (), layout, (), 0, NativeBinding("python", "a stand-in"), route=Route(runs_on))
+    key = (graph_id, 0, (("stand-in", runs_on),), False)
     registry._graph_cache._entries[key] = graph_cache._Entry(built)
     return key
 
@@ -49,12 +50,12 @@ def test_switching_the_setting_drops_the_entries_it_moves():
     interpreter entry; graphs registered with reference=True or False never move."""
     follows, pinned_on, pinned_off = tch.register_graph(relu), tch.register_graph(relu, reference=True), tch.register_graph(relu, reference=False)
     keys = {name: _entry(gid, route) for name, gid, route in (
-        ("built", follows, "static"), ("reference_true", pinned_on, REFERENCE_ROUTE), ("reference_false", pinned_off, "static"))}
+        ("built", follows, "cudnn"), ("reference_true", pinned_on, "interpreter"), ("reference_false", pinned_off, "cudnn"))}
     entries = registry._graph_cache._entries
     try:
         with settings.override(reference_path=True):
             assert keys["built"] not in entries and keys["reference_true"] in entries and keys["reference_false"] in entries
-            keys["interpreted"] = _entry(follows, REFERENCE_ROUTE)
+            keys["interpreted"] = _entry(follows, "interpreter")
         assert keys["interpreted"] not in entries  # off again: the interpreter's entry goes, cuDNN builds next time
         assert keys["reference_true"] in entries and keys["reference_false"] in entries
     finally:

@@ -11,9 +11,10 @@ import torch
 import torch_cudnn_handle as tch
 from support import upstream_graphs as ug
 from support.interpreter import CPU_REFERENCE, REFUSED
-from torch_cudnn_handle import settings, stats
+from torch_cudnn_handle import registry, settings, stats
 from torch_cudnn_handle.op import reference, verify
 from torch_cudnn_handle.op.tolerance import SLACK, OutputRule, check_output, rules_for, unit_of_types
+from torch_cudnn_handle.registry.routes import Facts, Resolved, Route, decide
 
 
 def _described(graph_id, inputs):
@@ -181,16 +182,19 @@ def test_nan_in_a_graph_that_writes_everything_is_a_mismatch():
 # -- FirstExecution: the check the Python path makes ------------------------------------
 
 
-def _built(engine="backend:test"):
-    return types.SimpleNamespace(device=0, engine=engine)  # what a check reads of a BuiltGraph
+def _built(engine="backend:test", verify=True):
+    """What a check reads of a BuiltGraph: its route decided verify (registry/routes.py) from the setting."""
+    return types.SimpleNamespace(device=0, engine=engine, route=Route("cudnn", verify=verify))
 
 
 def test_off_there_is_no_check_and_on_each_check_counts():
     inputs = _fma_inputs(torch.float32)
     with settings.override(verify=False):
-        assert verify.first_execution(FMA, _built(), inputs) is None
+        assert verify.first_execution(FMA, _built(verify=False), inputs) is None
+        assert not decide(registry.definition(FMA), Resolved.now(), Facts("cuda")).verify
     before = stats.verify()
     with settings.override(verify=True):
+        assert decide(registry.definition(FMA), Resolved.now(), Facts("cuda")).verify
         check = verify.first_execution(FMA, _built(), inputs)
         assert stats.verify()["enabled"]
     (right,) = tch.execute(FMA, inputs)

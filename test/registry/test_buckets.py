@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle.registry.buckets import CHECK_BUCKET, CHECK_SIZE
+from torch_cudnn_handle.op.bucket_check import CHECK_BUCKET, CHECK_SIZE
 from support.graphs import linear_relu, linear_relu_backward, relu
 
 ROWS = tch.Buckets(inputs={0: 1}, outputs={0: 1})  # [batch, M, K] inputs: M takes any size
@@ -165,15 +165,15 @@ def test_an_input_left_out_of_the_buckets_is_named_in_the_error():
 
 
 def test_the_check_runs_once_per_layout_of_the_other_dims():
-    from torch_cudnn_handle.registry import buckets
+    from torch_cudnn_handle.op import bucket_check
 
     graph = tch.register_graph(relu, name="relu_rows_once", buckets=ROWS)
-    before = buckets._checked.cache_info().misses
+    before = bucket_check._checked.cache_info().misses
     for m in (3, 40, 70, 300):
         tch.execute(graph, [torch.randn(2, m, 8)])
-    assert buckets._checked.cache_info().misses == before + 1
+    assert bucket_check._checked.cache_info().misses == before + 1
     tch.execute(graph, [torch.randn(2, 5, 16)])  # another width: checked again
-    assert buckets._checked.cache_info().misses == before + 2
+    assert bucket_check._checked.cache_info().misses == before + 2
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

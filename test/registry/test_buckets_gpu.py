@@ -146,7 +146,7 @@ STORE_PROGRAM = textwrap.dedent("""
     outputs = {m: tch.execute(graph, [torch.randn(2, m, 128, generator=generator).to("cuda", torch.bfloat16), w, b])[0].cpu()
                for m in (70, 77, 100)}
     torch.save(outputs, sys.argv[1])
-    print(json.dumps(dict(routes=[g.route for g in tch.built_graphs(graph)], store=tch.stats.plan_store())))
+    print(json.dumps(dict(routes=[g.plan_source for g in tch.built_graphs(graph)], store=tch.stats.plan_store())))
 """)
 
 

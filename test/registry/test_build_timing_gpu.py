@@ -70,7 +70,7 @@ def test_a_static_build_records_cudnn_steps_the_library_share_and_the_first_exec
     )
     run_linear(graph_id, 200)
     built = only_build(graph_id)
-    assert built.route == "static"
+    assert built.plan_source == "static"
     assert set(built.phase_seconds) == BUILT | library_phases()  # store off: no key, load or store
     assert_sums(built)
     after = tch.stats.graphs()["phase_seconds"]
@@ -101,7 +101,7 @@ def test_a_stored_plan_then_a_loaded_one_say_so_by_phase(tmp_path, fresh_setting
     again = tch.register_graph(linear_forward, name=name, params=dict(activation="gelu"))  # same key: loaded, not built
     actual = run_linear(again, 72)
     loaded = only_build(again)
-    assert loaded.route == "plan_store"
+    assert loaded.plan_source == "plan_store"
     assert set(loaded.phase_seconds) == library_phases("key", "load") - {"serialize"}  # the stored blob is the native hand-over's
     assert_sums(loaded)
     for a, e in zip(actual, expected):

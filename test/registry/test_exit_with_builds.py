@@ -19,7 +19,7 @@ SLOW_BUILD = """
 import sys, time
 from torch_cudnn_handle.registry import build as build_module, graph_cache
 
-def slow_build(definition, device, specs, *, deterministic=False, off_path=False):
+def slow_build(definition, device, specs, route):
     time.sleep({seconds})
     built = build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
                                     workspace_size=0, phase_seconds={{}})
@@ -36,7 +36,7 @@ def _stand_in_cache(monkeypatch, seconds):
     from torch_cudnn_handle.registry import build as build_module, graph_cache
     from torch_cudnn_handle.registry.definition import Definitions
 
-    def slow_build(definition, device, specs, *, deterministic=False, off_path=False):
+    def slow_build(definition, device, specs, route):
         time.sleep(seconds)
         return build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
                                        workspace_size=0, phase_seconds={})

@@ -8,6 +8,7 @@ from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.registry.describe import described_layout
+from torch_cudnn_handle.registry.routes import Facts, Resolved, decide
 from torch_cudnn_handle.registry.specs import TensorSpec
 
 from support import ragged_graphs as rg
@@ -202,14 +203,13 @@ def test_spec_describe_names_the_token_count():
 def test_ragged_graphs_are_never_tuned():
     """Tuning times candidates on random data, which are no valid offsets: off per graph,
     which wins over the plan_tuning setting."""
-    from torch_cudnn_handle.registry.plans import tuning as plan_tuning
 
     graph = rg.register_training()
     forward = tch.registry.definition(graph)
     backward = tch.registry.definition(forward.backward_id)
     with tch.settings.override(plan_tuning=True):
         for definition in (forward, backward):
-            assert plan_tuning.tuning_enabled(definition.tune) is False
+            assert decide(definition, Resolved.now(), Facts("cuda")).tuned is False
 
 
 def test_the_cuda_paths_refusal_of_cpu_offsets_names_the_inputs_gpu():

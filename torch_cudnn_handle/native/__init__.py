@@ -32,7 +32,8 @@ cudnn_frontend copies (the wheel's, libtorch_cuda's) the dynamic linker binds.
 
 from __future__ import annotations
 
-from .. import _C, settings
+from .. import settings
+from .._extension import _C
 from .binding import HandOverSource, NativeBinding, capturing, last_used_ns
 from .eligibility import NativePlanSpec, backend_plan_of
 from .ubjson import decode_ubjson

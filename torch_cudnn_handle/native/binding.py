@@ -35,7 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import _C, settings
+from .. import settings
+from .._extension import _C
 from ..build_scope import build_scope
 from .eligibility import backend_plan_of
 
@@ -76,17 +77,18 @@ class NativeBinding:
         self._evicted = False
 
     @classmethod
-    def on_build(cls, source: HandOverSource, *, enabled: bool, hand_over: str, has_bool: bool, lap=None) -> "NativeBinding":
-        """The binding of a graph just built; ``lap(phase)`` ends the ``serialize`` and
+    def on_build(cls, source: HandOverSource, *, when: str, has_bool: bool, lap=None) -> "NativeBinding":
+        """The binding of a graph just built, handed over ``when`` its route says ("at_build",
+        "second_call", "never": registry/routes.py); ``lap(phase)`` ends the ``serialize`` and
         ``native`` phases of a hand-over at the build (registry/build_timing.py)."""
-        if not enabled:
+        if when == "never":
             return cls("python", DISABLED_REASON)
         if has_bool:
             return cls("python", BOOL_REASON)
         if getattr(source.graph, "selected_engine", None) is not None:
             return cls("python", backend_plan_of(source.graph, tuple(source.uids))[1])  # a frost engine's: said without serializing
         binding = cls("pending", PENDING_REASON, source)
-        if hand_over == "build":
+        if when == "at_build":
             binding.claim()
             binding.finish(*binding._register(at_build=True, lap=lap or (lambda phase: None)))
         return binding

@@ -24,12 +24,11 @@ from torch import nn
 
 import cudnn
 
-from .. import settings
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
-from .attention_buckets import (_mask, _scale, bucketed_sdpa, exact_plan_took_over, off_callers_path, torch_attention,
-                                torch_stands_in)
+from .attention_buckets import _mask, _scale, bucketed_sdpa
+from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in, traced_length_buckets
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
@@ -114,29 +113,39 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     ``q, k, v``: ``[B, H, S, D]`` fp16 or bf16 (any dimension order in memory, the
     head dimension innermost), ``D`` a multiple of 8; scale ``1/sqrt(D)``.
     Differentiable (the backward is the sdpa_backward graph); a call that needs no
-    gradient runs the inference graph, which writes no softmax statistics. With the
-    ``attention_buckets`` setting on, a self-attention call (q, k and v of one shape) is
-    served by its length's bucket instead, with no build per length (Note [Length buckets]);
-    with ``background_builds`` on, no call waits for a build (Note [Attention off the
-    caller's path] in attention_buckets.py).
+    gradient runs the inference graph, which writes no softmax statistics. Which way a
+    call goes is its route (``sdpa.route_of(q, k, v, causal)``, ``tch.explain(sdpa, [q, k, v])``):
+    with the ``attention_buckets`` setting on, a self-attention call (q, k and v of one
+    shape) is served by its length's bucket instead, with no build per length (Note [Length
+    buckets]); with ``background_builds`` on, no call waits for a build (Note [Attention off
+    the caller's path] in attention_buckets.py).
     """
     _check_sdpa_inputs(q, k, v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
-    off_path = off_callers_path(q)  # Note [Attention off the caller's path]
-    if _buckets_on() and q.shape == k.shape == v.shape:
-        if not exact_plan_took_over(exact, q, k, v, off_path):
-            return bucketed_sdpa(q, k, v, bool(causal), training, off_path)
+    uniform = q.shape == k.shape == v.shape
+    if torch.compiler.is_compiling():  # traced: what is built serves; buckets per the route's setting, a constant of the frame
+        if uniform and traced_length_buckets(exact):
+            return bucketed_sdpa(q, k, v, bool(causal), training)
+        return execute(exact, [q, k, v])[0]
+    route = attention_route(exact, q, k, v, uniform)
+    if route.buckets == "length":
+        if not exact_plan_took_over(exact, q, k, v, route):
+            return bucketed_sdpa(q, k, v, bool(causal), training, route)
         # else the exact plan took over, found built then: no second look
-    elif torch_stands_in(exact, [q, k, v], off_path):
+    elif torch_stands_in(exact, [q, k, v], route):
         return torch_attention(q, k, v, causal)
     return execute(exact, [q, k, v])[0]
 
 
-@torch.compiler.assume_constant_result
-def _buckets_on() -> bool:
-    """The attention_buckets setting; read once per trace under torch.compile (a constant of the frame)."""
-    return bool(settings.get("attention_buckets"))
+def _route_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False):
+    """The route ``sdpa(q, k, v, causal)`` takes now, and why (``tch.explain(sdpa, [q, k, v])``); runs nothing."""
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
+    return attention_route(exact, q, k, v, q.shape == k.shape == v.shape)
+
+
+sdpa.route_of = _route_of
 
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16)

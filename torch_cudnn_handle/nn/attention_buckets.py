@@ -24,40 +24,26 @@ engine serves a ragged graph). The offsets and lengths are small device tensors 
 only reads (``lengths_and_offsets``: three small kernels, four when training), written once
 per (device, batch, length, heads, head size) and kept for the process (``_kept``), so a
 steady call launches none of them.
-Which route serves ``nn.sdpa`` is the ``attention_buckets`` setting.
-
-Note [Attention off the caller's path]: with the ``background_builds`` setting on as well,
-no sdpa call waits for a build. A call whose plan (its bucket's, or a dense one) is not
-built yet is served by torch's own attention (``torch_attention``) while the plan
-builds on a build thread (not in a build process: an sdpa's description is the
-frontend's own JSON, not the backend's, so the caller's Python still waits while cuDNN
-holds the GIL), and a length's ``TAKE_OVER_CALLS``-th bucketed call
-starts the exact (dense) plan's build for it, which serves that length once built, so a
-length used often runs at an exact plan's steady cost. Never under deterministic
-algorithms (one plan, built in the call: bitwise across calls), never while compiling or
-capturing (what is built serves). ``off_callers_path`` decides, once per call. A length's results can change within the engines'
-numerics at two points: torch's attention to its bucket's plan, and that to its exact plan.
+Whether buckets serve ``nn.sdpa`` is the ``attention_buckets`` setting (its route's ``buckets``).
+Which way a call goes (these buckets, its exact plan, torch's attention while one builds)
+is attention_routes.py's.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import cudnn
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import settings
-from ..op import execute, plan_ready
-from ..registry import Backward, BackwardOperand, Ragged, register_graph
+from ..op import execute
+from ..registry import Backward, BackwardOperand, Ragged, Route, register_graph
+from .attention_routes import torch_attention, torch_stands_in
 
-__all__ = ["MIN_BUCKET", "TAKE_OVER_CALLS", "bucket_of", "bucketed_sdpa", "exact_plan_took_over", "lengths_and_offsets", "off_callers_path",
-           "torch_attention", "torch_stands_in"]
+__all__ = ["MIN_BUCKET", "bucket_of", "bucketed_sdpa", "lengths_and_offsets"]
 
 MIN_BUCKET = 128  # the smallest bucket, which every shorter length shares (Note [Length buckets]: why powers of two)
-TAKE_OVER_CALLS = 16  # a length's bucketed calls before its exact plan is built (Note [Attention off the caller's path])
 
 
 def bucket_of(length) -> int:
@@ -194,82 +180,17 @@ def _token_major(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).contiguous().view(b * s, h, d)
 
 
-def off_callers_path(q: torch.Tensor) -> bool:
-    """Whether a plan this call needs may build off its path (Note [Attention off the caller's path]):
-    an eager call on real CUDA tensors (not traced, not fake), outside a capture. The
-    ``off_path`` argument of the functions below."""
-    return (not torch.compiler.is_compiling() and type(q) is torch.Tensor and q.is_cuda and bool(settings.get("background_builds"))
-            and not torch.are_deterministic_algorithms_enabled() and not torch.cuda.is_current_stream_capturing())
-
-
-# torch's attention backends a stand-in may use: not torch's cuDNN backend, which builds a plan per length too.
-_STAND_IN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """The stand-in: ``F.scaled_dot_product_attention`` (scale 1/sqrt(D), causal top-left, as the graphs)."""
-    with sdpa_kernel(_STAND_IN_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-# (graph, device, q/k/v layouts) whose plan was found built: a steady call asks the registry
-# no more (a plan evicted later is rebuilt by the op, its interpreter standing in). For the
-# process, at most _KEPT_LIMIT keys.
-_ready: set = set()
-
-
-def torch_stands_in(graph_id: int, operands: list, off_path: bool) -> bool:
-    """Whether torch's attention serves this call: ``graph_id``'s plan for ``operands`` is
-    building off the caller's path (started here if it was not)."""
-    if not off_path:
-        return False
-    q = operands[0]
-    key = (graph_id, q.device.index, *((tuple(t.shape), t.stride()) for t in operands[:3]), q.dtype)
-    if key in _ready:
-        return False
-    if not plan_ready(graph_id, operands):
-        return True
-    if len(_ready) < _KEPT_LIMIT:
-        _ready.add(key)
-    return False
-
-
-# Calls a length's bucket served, per (exact graph, device, q/k/v layout, dtype), up to
-# TAKE_OVER_CALLS; _TOOK_OVER once its exact plan serves it. For the process, at most
-# _KEPT_LIMIT keys (later ones stay bucketed).
-_TOOK_OVER = -1
-_bucketed_calls: Dict[tuple, int] = {}
-
-
-def exact_plan_took_over(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off_path: bool) -> bool:
-    """Whether ``exact_graph`` (a dense sdpa graph) serves this call rather than its bucket:
-    its plan for these inputs was built off the caller's path after TAKE_OVER_CALLS calls
-    (Note [Attention off the caller's path]). Counts this call."""
-    if not off_path:
-        return False
-    key = (exact_graph, q.device.index, tuple(q.shape), q.stride(), k.stride(), v.stride(), q.dtype)
-    calls = _bucketed_calls.get(key, 0)
-    if calls == _TOOK_OVER:
-        return True
-    if calls + 1 >= TAKE_OVER_CALLS and plan_ready(exact_graph, [q, k, v]):
-        _bucketed_calls[key] = _TOOK_OVER
-        return True
-    if key in _bucketed_calls or len(_bucketed_calls) < _KEPT_LIMIT:
-        _bucketed_calls[key] = calls + 1
-    return False
-
-
-def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, training: bool, off_path: bool = False) -> torch.Tensor:
+def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, training: bool, route: Optional[Route] = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal)`` for ``[B, H, S, D]``
     inputs (one S for q and k/v), served by the graph of S's bucket; the output is ``[B, H, S, D]``
     in token-major (BSHD) memory. ``training``: the graph with statistics and a backward.
-    While the bucket's plan builds off the caller's path (``off_path``), torch's attention serves the call."""
+    While the bucket's plan builds off the caller's path (the ``route``'s stand-in), torch's attention serves the call."""
     b, h, s, d = q.shape
     if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d):
         raise ValueError(f"bucketed sdpa: q, k and v must have one shape, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     operands = [_token_major(q), _token_major(k), _token_major(v), *_kept_lengths_and_offsets(b, s, h, d, q.device, training)]
     graph = _graph(bool(causal), bucket_of(s), training)
-    if torch_stands_in(graph, operands, off_path):
+    if route is not None and torch_stands_in(graph, operands, route):
         return torch_attention(q, k, v, causal)
     o = execute(graph, operands)[0]
     return o.view(b, s, h, d).transpose(1, 2)

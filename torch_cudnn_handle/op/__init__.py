@@ -24,14 +24,15 @@ from typing import List
 
 import torch
 
-from .. import _C
+from .._extension import _C
 from . import backward, fake, python_path, reference
 from .checks import call_device, refuse_off_gpu
 from .eager import execute, execute_, execute_out
+from .explain import explain, route_of
 from .python_path import plan_ready
 from .reference import execute_reference
 
-__all__ = ["execute", "execute_out", "execute_", "execute_reference", "plan_ready"]
+__all__ = ["execute", "execute_out", "execute_", "execute_reference", "plan_ready", "route_of", "explain"]
 
 
 def _refuse_off_gpu(graph: int, inputs: List[torch.Tensor], **_out):

@@ -16,8 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import registry
-from ..registry import symbolic
-from ..registry.specs import is_host_scalar
+from ..registry import hint_specs, is_host_scalar
 from .checks import cuda_ordinal
 from .eager import execute
 from .python_path import built_for_call
@@ -78,4 +77,4 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
         return description_for(graph_id, operands, operands[0].device).layout.output_positions  # building: the stand-in's
     if all(t.is_cpu and not is_fake(t) for t in operands):  # the CPU kernel's kept description: a hit too
         return description_for(graph_id, operands, operands[0].device).layout.output_positions
-    return registry.layout(graph_id, symbolic.hint_specs(operands), cuda_ordinal(operands[0].device)).output_positions
+    return registry.layout(graph_id, hint_specs(operands), cuda_ordinal(operands[0].device)).output_positions

@@ -21,7 +21,7 @@ from typing import List, Sequence, Tuple
 import torch
 from torch._prims_common import compute_required_storage_length
 
-from ..registry.specs import is_host_scalar
+from ..registry import is_host_scalar
 
 __all__ = ["pack_call", "unpack_outputs"]
 

@@ -18,10 +18,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import _C, registry
-from ..registry import symbolic
-from ..registry.in_place import check_layouts
-from ..registry.specs import is_host_scalar
+from .. import registry
+from .._extension import _C
+from ..registry import check_layouts, hint_specs, is_host_scalar
 from .overlap import overlaps
 
 __all__ = ["call_device", "refuse_off_gpu", "cuda_ordinal", "graph_label", "check_out", "check_out_overlap", "check_in_place", "argument_error"]
@@ -125,14 +124,14 @@ def cuda_ordinal(device: torch.device) -> Optional[int]:
 def check_out(graph_id: int, layout, out: Sequence[torch.Tensor], device: torch.device, inputs: Sequence[torch.Tensor]) -> None:
     """``out`` must be the graph's outputs exactly: their count, and each one's shape,
     strides and dtype on the inputs' device. The CUDA and the fake kernel both check."""
-    expected = layout.outputs_for([spec.shape for spec in symbolic.hint_specs(inputs)])
+    expected = layout.outputs_for([spec.shape for spec in hint_specs(inputs)])
     if len(out) != len(expected):
         raise ValueError(
             f"cudnn_fe.execute.out: graph {graph_label(graph_id)} has {len(expected)} outputs, got {len(out)} out tensors; "
             "pass one tensor per output"
         )
     for i, (tensor, spec) in enumerate(zip(out, expected)):
-        given = symbolic.hint_specs([tensor])[0]  # no specialization under dynamic shapes; the real call checks again
+        given = hint_specs([tensor])[0]  # no specialization under dynamic shapes; the real call checks again
         if tensor.device != device or given != spec:
             raise ValueError(
                 f"cudnn_fe.execute.out: out[{i}] of graph {graph_label(graph_id)} is {given.describe()} on "

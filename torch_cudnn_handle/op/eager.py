@@ -5,7 +5,8 @@ without torch.ops' generic argument parsing; under torch.compile, under a
 itself, so tracing, modes and subclasses see ``cudnn_fe.execute`` either way.
 
 A graph registered with ``buckets=`` is padded to its bucket and narrowed back here, in
-torch ops around the op, on every route (Note [Size buckets] in registry/buckets.py).
+torch ops around the op, on every route, after the padding check of its layout
+(Note [Size buckets] in registry/buckets.py, op/bucket_check.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import List
 
 import torch
 
-from .. import _C, registry
-from ..registry import buckets as size_buckets
+from .. import registry
+from .._extension import _C
+from .bucket_check import check_padding
 from .checks import argument_error, graph_label
 
 __all__ = ["execute", "execute_out", "execute_"]
@@ -36,9 +38,19 @@ def _bucket_rule(graph):
     return None if entry is None else (graph, *entry)
 
 
+# Padded layouts checked already (Note [Size buckets]: bucket_check.py), one set lookup a
+# call; for the process. A trace is checked by the fake kernel instead.
+_checked_layouts: set = set()
+
+
 def _bucketed_execute(graph: int, name: str, rule: tuple, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
-    padded, size = size_buckets.padded(name, rule, inputs)
-    return size_buckets.narrowed(rule, _execute(graph, padded), size)
+    padded, size = registry.padded(name, rule, inputs)
+    if not torch.compiler.is_compiling():
+        layout = (graph, *((t.shape, t.stride(), t.dtype) for t in padded))
+        if layout not in _checked_layouts:
+            check_padding(registry.definition(graph), [registry.TensorSpec.of(t) for t in padded])
+            _checked_layouts.add(layout)
+    return registry.narrowed(rule, _execute(graph, padded), size)
 
 
 def execute(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:

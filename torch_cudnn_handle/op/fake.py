@@ -12,8 +12,9 @@ from typing import List, Sequence
 
 import torch
 
-from .. import _C, registry
-from ..registry import symbolic
+from .. import registry
+from .._extension import _C
+from .bucket_check import check_padding
 from .checks import call_device, check_in_place, check_out, check_out_overlap, cuda_ordinal
 
 __all__ = ["execute", "execute_out", "execute_in_place"]
@@ -21,20 +22,22 @@ __all__ = ["execute", "execute_out", "execute_in_place"]
 
 def _layout(graph_id: int, inputs: Sequence[torch.Tensor], device: torch.device):
     """The layout at the inputs' sizes (their hints under dynamic shapes: no specialization)."""
-    return registry.layout(graph_id, symbolic.hint_specs(inputs), cuda_ordinal(device))
+    return registry.layout(graph_id, registry.hint_specs(inputs), cuda_ordinal(device))
 
 
 def _output_layouts(graph_id: int, inputs: Sequence[torch.Tensor], device: torch.device):
     """(sizes, strides, dtype) per output: symbolic where the inputs' sizes are, from the graph's descriptions."""
     definition = registry.definition(graph_id)
+    if definition.buckets is not None:  # a trace of a bucketed graph: checked as its first padded call is (bucket_check.py)
+        check_padding(definition, registry.hint_specs(inputs))
     describe = lambda specs: registry.layout(graph_id, specs, cuda_ordinal(device))  # noqa: E731
-    at_hints = describe(symbolic.hint_specs(inputs))  # refuses what a call at these sizes would
+    at_hints = describe(registry.hint_specs(inputs))  # refuses what a call at these sizes would
     if definition.ragged is not None:
         definition.ragged.tie_tokens(inputs)  # packed inputs sharing offsets: one symbol, before any probe
-    if definition.output_shapes is not None and symbolic.is_symbolic(inputs):
+    if definition.output_shapes is not None and registry.is_symbolic(inputs):
         shapes = definition.output_shapes(*[t.shape for t in inputs])
-        return symbolic.shaped_outputs(definition.name, shapes, inputs, at_hints)
-    layouts = symbolic.output_layouts(definition.name, describe, inputs)
+        return registry.shaped_outputs(definition.name, shapes, inputs, at_hints)
+    layouts = registry.output_layouts(definition.name, describe, inputs)
     if definition.ragged is None:
         return layouts
     # A packed output has the token count of the input it is like: that input's size,
@@ -61,7 +64,7 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor], written: List[to
     """What a real execute_ refuses, refused at trace time; the outputs not written in place."""
     all_inputs = _C.merge_in_place(graph_id, inputs, written)
     device = call_device(graph_id, all_inputs)
-    writes = check_in_place(graph_id, _layout(graph_id, all_inputs, device), all_inputs, symbolic.hint_specs(all_inputs))
+    writes = check_in_place(graph_id, _layout(graph_id, all_inputs, device), all_inputs, registry.hint_specs(all_inputs))
     written_outputs = {output for output, _ in writes}
     return [
         torch.empty_strided(sizes, strides, dtype=dtype, device=device)

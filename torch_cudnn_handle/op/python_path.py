@@ -24,11 +24,10 @@ from typing import List, Sequence
 
 import torch
 
-from .. import _C, registry
+from .. import registry
+from .._extension import _C
 from ..pool import current_handle
-from ..registry.broadcasts import materialize
-from ..registry.build import REFERENCE_ROUTE
-from ..registry.specs import TensorSpec
+from ..registry import TensorSpec, materialize
 from . import bool_operands, reference, verify
 from .checks import call_device, check_in_place, check_out, check_out_overlap, refuse_off_gpu
 
@@ -44,7 +43,7 @@ def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = T
         refuse_off_gpu(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
     return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
-                              stand_in=True)
+                              stand_in="interpreter")
 
 
 def plan_ready(graph_id: int, inputs: Sequence[torch.Tensor]) -> bool:
@@ -134,7 +133,9 @@ def _run_into(graph_id: int, built, inputs: Sequence[torch.Tensor], out: Sequenc
 
 def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = built_for_call(graph_id, inputs)
-    if built is None or built.route == REFERENCE_ROUTE:
+    if built is not None:
+        registry.count_call(built.route.label)
+    if built is None or built.route.runs_on == "interpreter":
         return reference.execute(graph_id, inputs)
     operands = materialize(inputs, built.layout.materialized)
 
@@ -158,7 +159,9 @@ def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = built_for_call(graph_id, inputs)
-    if built is None or built.route == REFERENCE_ROUTE:
+    if built is not None:
+        registry.count_call(built.route.label)
+    if built is None or built.route.runs_on == "interpreter":
         return reference.execute_out(graph_id, inputs, out=out)
     check_out(graph_id, built.layout, out, torch.device("cuda", built.device), inputs)
     check_out_overlap(graph_id, inputs, out)
@@ -176,7 +179,9 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
     """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
     merged them). Returns the outputs not written in place."""
     built = built_for_call(graph_id, inputs)
-    if built is None or built.route == REFERENCE_ROUTE:
+    if built is not None:
+        registry.count_call(built.route.label)
+    if built is None or built.route.runs_on == "interpreter":
         return reference.execute_in_place(graph_id, inputs)
     writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])
     written = dict(writes)  # output -> the input it is written into

@@ -36,10 +36,10 @@ from typing import List, Sequence
 import torch
 from torch._prims_common import compute_required_storage_length
 
-from .. import _C, registry
+from .. import registry
+from .._extension import _C
 from ..interpreter import interpret_ordered
-from ..registry.broadcasts import materialize
-from ..registry.specs import TensorSpec
+from ..registry import TensorSpec, materialize
 from .checks import call_device, check_in_place, check_out, check_out_overlap, cuda_ordinal, refuse_off_gpu
 
 __all__ = ["execute_reference", "description_for", "cpu_execute", "cpu_execute_out", "cpu_execute_in_place", "execute", "execute_out", "execute_in_place"]
@@ -144,15 +144,18 @@ def _on_cpu(graph_id: int, inputs: Sequence[torch.Tensor]) -> None:
 
 def cpu_execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     _on_cpu(graph_id, inputs)
+    registry.count_call("interpreter")  # the route of every CPU call (registry/routes.py)
     return execute(graph_id, inputs)
 
 
 def cpu_execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     _on_cpu(graph_id, inputs)
+    registry.count_call("interpreter")
     execute_out(graph_id, inputs, out=out)
 
 
 def cpu_execute_in_place(graph_id: int, inputs: List[torch.Tensor], written: List[torch.Tensor]) -> List[torch.Tensor]:
     merged = _C.merge_in_place(graph_id, inputs, written)
     _on_cpu(graph_id, merged)
+    registry.count_call("interpreter")
     return execute_in_place(graph_id, merged)

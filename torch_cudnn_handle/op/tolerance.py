@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..interpreter.description import node_kind
-from ..registry.specs import torch_dtype_of
+from ..registry import torch_dtype_of
 
 __all__ = ["SLACK", "EPS", "OutputRule", "OutputCheck", "rules_for", "unit_of_types", "check_output"]
 

@@ -37,7 +37,7 @@ import torch
 
 from .. import registry, settings
 from ..interpreter.description import node_kind
-from ..registry.specs import TensorSpec
+from ..registry import TensorSpec
 from .reference import description_for, execute_reference
 from .tolerance import OutputCheck, check_output, rules_for
 
@@ -185,9 +185,9 @@ class FirstExecution:
 
 
 def first_execution(graph_id: int, built, inputs: Sequence[torch.Tensor], written: Sequence[int] = ()) -> Optional[FirstExecution]:
-    """The check of ``built``'s first execution when verify mode is on, else None (the
-    one settings read, in the first launch's branch only)."""
-    if not settings.get("verify"):
+    """The check of ``built``'s first execution where its route says (the verify setting,
+    read when the route was decided: registry/routes.py), else None."""
+    if not built.route.verify:
         return None
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         _skip("CUDA-graph capture")

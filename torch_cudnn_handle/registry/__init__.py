@@ -6,8 +6,9 @@ torch.compile, export and CUDA graphs on every torch version. An id names a
 One line of dependencies, each module importing only those before it:
 
   specs -> data_types, operand_views, ragged, in_place, output_strides, build_timing, broadcasts, buckets
-  -> backward_operands -> backward -> definition -> describe -> symbolic
+  -> backward_operands -> backward -> definition -> routes -> describe -> symbolic
   -> plans/ (store, stored_graphs, kernel_caches, tuning/) -> build -> pinned -> graph_cache -> here
+(routes.py decides each call's route: Note [One route per call].)
 
 Here: the public functions on the one process-wide table of definitions and cache of
 built graphs, and the package-public ones the op (``torch_cudnn_handle.op``) and the
@@ -23,11 +24,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from .. import _C, settings
+from .. import settings
+from .._extension import _C
 from . import describe as describing
 from .backward import OLD_KEYWORDS, Backward, from_keywords
 from .backward_operands import BackwardOperand, BackwardStep
-from .buckets import Buckets
+from .broadcasts import materialize
+from .buckets import Buckets, narrowed, padded
 from .build import BuiltGraph
 from .data_types import GraphDataTypes
 from .definition import Definition, Definitions, check_arity
@@ -36,14 +39,21 @@ from .graph_cache import EXIT_WAIT_SECONDS, GraphCache
 from .operand_views import OperandViews
 from .plans import kernel_caches
 from .ragged import Ragged
-from .specs import GraphLayout, TensorSpec
+from .routes import TAKE_OVER_CALLS, Facts, Resolved, Route, decide
+from .specs import GraphLayout, TensorSpec, is_host_scalar, torch_dtype_of
+from .symbolic import hint_specs, is_symbolic, output_layouts, shaped_outputs
+from .in_place import check_layouts
 
 __all__ = [
     "Backward", "BackwardOperand", "BackwardStep", "Buckets", "OperandViews", "Ragged", "TensorSpec", "GraphLayout", "BuiltGraph",
+    "Route", "Facts", "Resolved", "TAKE_OVER_CALLS",
     "Definition", "register_graph", "register_built_graph", "graph_name", "built_graphs",
     # package-public: the op, the stats and the tests read these
-    "definition", "find_definition", "definitions", "differentiable", "built_for", "layout", "description", "wait_for_builds", "record_first_execution",
+    "definition", "find_definition", "definitions", "differentiable", "built_for", "route_for", "layout", "description", "wait_for_builds", "record_first_execution", "count_call",
     "graph_stats", "BUCKETED", "BUCKET_RULES",
+    # the op's helpers from the registry's modules (the op imports the registry's face only)
+    "materialize", "padded", "narrowed", "is_host_scalar", "torch_dtype_of", "hint_specs", "is_symbolic", "output_layouts",
+    "shaped_outputs", "check_layouts",
 ]
 
 _definitions = Definitions()
@@ -68,7 +78,7 @@ def _follow_reference_path(on) -> None:
 
     def moves(graph_id: int, built: BuiltGraph) -> bool:
         found = _definitions.find(graph_id)
-        return found is not None and found.reference is None and (built.route == "reference") != bool(on)
+        return found is not None and found.reference is None and (built.route.runs_on == "interpreter") != bool(on)
 
     _graph_cache.evict_where(moves)
 
@@ -227,10 +237,18 @@ def differentiable(graph_id: int) -> Definition:
 
 
 def built_for(graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool, *, call: bool = True,
-              stand_in: bool = False) -> Optional[BuiltGraph]:
-    """The graph built for a call's inputs (graph_cache.py ``GraphCache.lookup``); None when
-    ``stand_in`` and the ``background_builds`` setting let its first build run off the call's path."""
+              stand_in: str = "") -> Optional[BuiltGraph]:
+    """The graph built for a call's inputs (graph_cache.py ``GraphCache.lookup``); None while
+    its plan builds off the call's path and ``stand_in`` (the caller's: "interpreter",
+    "torch_attention") serves, where the call's route says so (routes.py)."""
     return _graph_cache.lookup(graph_id, device, inputs, key_specs, deterministic, call=call, stand_in=stand_in)
+
+
+def route_for(graph_id: int, device: Optional[int], inputs: Sequence[torch.Tensor], key_specs: tuple, facts: Facts) -> Route:
+    """The route of a call with these inputs and ``facts``: the one kept on its built graph
+    where this layout of a CUDA call is built, else decided now (Note [One route per call]); builds nothing."""
+    kept = _graph_cache.kept_route(graph_id, device, inputs, key_specs, facts.deterministic) if facts.device == "cuda" else None
+    return kept if kept is not None else decide(_definitions.get(graph_id), Resolved.now(), facts)
 
 
 def layout(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = None) -> GraphLayout:
@@ -262,6 +280,11 @@ def wait_for_builds(timeout: float) -> int:
     """Wait, at most ``timeout`` seconds, until no build is in flight (the build threads' of
     Note [Builds off the caller's path] included); how many still are."""
     return _graph_cache.wait_for_builds(timeout)
+
+
+def count_call(label: str) -> None:
+    """A call served on the route ``label`` names, for ``stats.graphs()["routes"]``."""
+    _graph_cache.count_call(label)
 
 
 def record_first_execution(built: BuiltGraph, seconds: float) -> None:

@@ -26,7 +26,7 @@ import dataclasses
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
-from .. import _C
+from .._extension import _C
 from .backward_operands import BackwardOperand, BackwardStep
 from .operand_views import OperandViews
 

@@ -12,14 +12,15 @@ size); outputs not named keep their shape.
 
 Padding is exact only for a graph whose outputs never read across the padded dim (rows
 of a matmul's M, pointwise ops, a norm over the other dims) or read zeros there harmlessly
-(a sum; a matmul's K, padded in both operands). So before a graph is first described for
-a layout (describe.py), ``check_padding`` runs it on the torch interpreter, on the CPU, at
-3 rows and at 3 rows padded to 8 with zeros (the backward too, for a differentiable
-graph: autograd through the padding and the narrowing, as the call differentiates it),
-and a graph whose outputs or gradients change, or whose output shapes do not follow the
-declaration, is refused with the output that moved: a softmax, a mean or exp summed
-over the padded dim. It runs on a thread of its own (clean autograd state: the op's
-kernels run below autograd) once per layout of the other dims, for the process.
+(a sum; a matmul's K, padded in both operands). So before a padded call first runs at a
+layout (or is first traced), the op checks it (op/bucket_check.py): it runs the graph on
+the torch interpreter, on the CPU, at 3 rows and at 3 rows padded to 8 with zeros (the
+backward too, for a differentiable graph: autograd through the padding and the narrowing,
+as the call differentiates it), and a graph whose outputs or gradients change, or whose
+output shapes do not follow the declaration, is refused with the output that moved: a
+softmax, a mean or exp summed over the padded dim. Once per layout of the other dims, for
+the process. (The registry keeps the rule; the op, which pads, runs the check: the
+registry never calls the op.)
 
 Where: ``execute`` / ``execute_out`` (op/eager.py) pad and narrow in torch ops, so
 autograd, torch.compile (dynamic=True: a compiled frame per bucket, as ``size_for`` only
@@ -34,17 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .specs import TensorSpec
 
-__all__ = ["Buckets", "CHECK_SIZE", "CHECK_BUCKET", "bucket_size", "declared", "padded", "narrowed", "check_padding"]
-
-CHECK_SIZE, CHECK_BUCKET = 3, 8  # check_padding's real size and the bucket it is padded to
-
+__all__ = ["Buckets", "bucket_size", "declared", "padded", "narrowed"]
 
 def _index_map(what: str, mapping) -> Tuple[Tuple[int, int], ...]:
     if not isinstance(mapping, Mapping) or not all(
@@ -162,115 +158,3 @@ def narrowed(rule: tuple, outputs: Sequence[torch.Tensor], size) -> list:
         if torch.compiler.is_compiling() or outputs[index].shape[dim] != size:
             outputs[index] = outputs[index].narrow(dim, 0, size)
     return outputs
-
-
-# -- the check: padding leaves the outputs (and gradients) as they were ----------------
-
-
-def _example(spec: TensorSpec, shape, generator) -> torch.Tensor:
-    if spec.host:
-        return torch.ones(spec.shape, dtype=spec.dtype)
-    if spec.dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(spec.dtype)
-    if spec.dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    return torch.randint(0, 4, shape, generator=generator).to(spec.dtype)
-
-
-def _mismatch(what: str, got: torch.Tensor, want: torch.Tensor) -> Optional[str]:
-    if got.shape != want.shape:
-        return f"{what} has shape {list(got.shape)} padded against {list(want.shape)} unpadded"
-    got, want = got.detach(), want.detach()
-    low_precision = want.dtype not in (torch.float32, torch.float64) and want.is_floating_point()
-    scale = max(1.0, float(want.double().abs().nan_to_num().max())) if want.numel() else 1.0
-    tolerance = (2e-2 if low_precision else 1e-4) * scale
-    got, want = got.double(), want.double()
-    differs = ~((got - want).abs() <= tolerance) & ~(got.isnan() & want.isnan())
-    if bool(differs.any()):
-        worst = float((got - want).abs().nan_to_num(float("inf")).max())
-        return f"{what} changes when the bucketed dims are zero-padded (by up to {worst:.3g}, tolerance {tolerance:.3g})"
-    return None
-
-
-def _run_check(graph_id: int, name: str, buckets: Buckets, specs: Tuple[TensorSpec, ...], differentiable: bool) -> Optional[str]:
-    """What moved when the bucketed dims were padded, or None (see the Note)."""
-    generator = torch.Generator().manual_seed(0)
-    dims = dict(buckets.inputs)
-    real = []
-    for index, spec in enumerate(specs):
-        shape = list(spec.shape)
-        if index in dims:
-            shape[dims[index]] = CHECK_SIZE
-        real.append(_example(spec, shape, generator))
-    grads_of = [i for i, t in enumerate(real) if differentiable and t.is_floating_point() and not specs[i].host]
-    for i in grads_of:
-        real[i].requires_grad_(True)
-    exact = torch.ops.cudnn_fe.execute(graph_id, real)  # CPU tensors: the op's interpreter kernel, never this check
-    rule = (buckets.inputs, buckets.outputs, CHECK_BUCKET, buckets.per_doubling)  # CHECK_SIZE padded to CHECK_BUCKET
-    inputs, size = padded(name, rule, real)
-    padded_outputs = narrowed(rule, torch.ops.cudnn_fe.execute(graph_id, inputs), size)
-    for k, (got, want) in enumerate(zip(padded_outputs, exact)):
-        found = _mismatch(f"output {k}", got, want)
-        if found:
-            return found
-    if not grads_of or not any(o.requires_grad for o in exact):
-        return None
-    weights = [torch.randn(o.shape, generator=generator) if o.is_floating_point() else None for o in exact]
-
-    def grads(outputs):
-        loss = sum((o.double() * w.double()).sum() for o, w in zip(outputs, weights) if w is not None and o.requires_grad)
-        return torch.autograd.grad(loss, [real[i] for i in grads_of], allow_unused=True)
-
-    for i, got, want in zip(grads_of, grads(padded_outputs), grads(exact)):
-        if (got is None) != (want is None):
-            return f"the gradient of input {i} is {'missing' if got is None else 'present'} padded only"
-        found = want is not None and _mismatch(f"the gradient of input {i}", got, want)
-        if found:
-            return found
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _checked(graph_id: int, name: str, buckets: Buckets, specs: Tuple[TensorSpec, ...], differentiable: bool) -> Optional[str]:
-    outcome = {}
-
-    def run():  # a thread of its own: autograd's dispatch state clean (the op's kernels run below autograd)
-        _checking.active = True
-        try:
-            outcome["moved"] = _run_check(graph_id, name, buckets, specs, differentiable)
-        except Exception as error:  # noqa: BLE001 -- reported to the caller with the graph's name
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, name="cudnn_fe_bucket_check", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        error = outcome["error"]
-        return (f"the check that padding leaves its outputs unchanged (the torch interpreter, on the CPU, at {CHECK_SIZE} and at "
-                f"{CHECK_SIZE} padded to {CHECK_BUCKET} along the bucketed dims) failed with {type(error).__name__}: {error}. Name "
-                "in Buckets(inputs=) every input whose dim takes the varying size")
-    return outcome["moved"]
-
-
-_checking = threading.local()  # set on a check's own thread: the calls it makes describe the graph unchecked
-
-
-def check_padding(graph_id: int, name: str, buckets: Buckets, specs: Sequence[TensorSpec], differentiable: bool) -> None:
-    """Refuse a bucketed graph whose outputs (or gradients) padding changes (see the Note);
-    checked once per layout of the other dims, for the process (describe.py calls it
-    before describing a bucketed graph)."""
-    if getattr(_checking, "active", False):
-        return
-    dims = dict(buckets.inputs)
-    key = tuple(
-        dataclasses.replace(spec, shape=tuple(0 if d == dims[i] % len(spec.shape) else n for d, n in enumerate(spec.shape)), stride=())
-        if i in dims else spec
-        for i, spec in enumerate(specs)
-    )
-    moved = _checked(graph_id, name, buckets, key, differentiable)
-    if moved:
-        raise ValueError(
-            f"cudnn_fe.execute: graph {name!r} cannot be bucketed: {moved}. Padding is exact only for outputs that zero rows "
-            f"along the padded dims ({dict(buckets.inputs)}) leave unchanged (no softmax, mean or max over them; a sum is fine), "
-            "each named in Buckets(outputs={output: dim}) when it follows them; register it without buckets= (a plan per size)"
-        )

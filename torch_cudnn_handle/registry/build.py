@@ -14,8 +14,9 @@ inside ``build_scope(device)``, with that thread's pooled handle for the device:
     description predicted for the fake kernel (output_strides.py; a miss warns, with
     the fix: declare it); a plan loaded from the store writes what its build wrote,
     which the store checked against the description;
-  * its ``NativeBinding`` (native/binding.py) decides whether the native path serves it
-    and hands it over now or at its second call (Note [The native hand-over]).
+  * its ``NativeBinding`` (native/binding.py) hands the plan to the native path when the
+    route says (at the build, or at its second call), where the native path can run it
+    (Note [The native hand-over]).
 
 A ``BuiltGraph`` belongs to its device: the device is part of the cache key, and a
 registered built graph refuses inputs on another device.
@@ -28,7 +29,7 @@ import functools
 import warnings
 from typing import Any, Optional, Tuple
 
-from .. import _C, settings
+from .._extension import _C
 from ..build_scope import build_scope
 from ..native import HandOverSource, NativeBinding
 from . import describe as describing
@@ -37,12 +38,16 @@ from .build_timing import PhaseClock
 from .data_types import integer_default
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
-from .plans import DESERIALIZED_ROUTES, engine_of, obtain
+from .plans import DESERIALIZED_SOURCES, engine_of, obtain
 from .plans.tuning import PlanChoice
 from .ragged import packed_of
+from .routes import Route
 from .specs import GraphLayout, TensorSpec, has_bool, layout_lists, torch_dtype_of
 
-__all__ = ["BuiltGraph", "build"]
+__all__ = ["BuiltGraph", "build", "REFERENCE_SOURCE", "REGISTERED_ROUTE"]
+
+
+REGISTERED_ROUTE = Route("cudnn", ("registered",), why=(("plan from", "register_built_graph: the graph registered, built"),))
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,8 +68,9 @@ class BuiltGraph:
     plan: Optional[str] = None  # the selected plan's name when plan tuning applied (None: untuned, the heuristics' choice)
     tuning: Optional[PlanChoice] = None  # what plans/tuning's build_graph selected, and why
     deterministic: bool = False  # built among deterministic engines (torch.use_deterministic_algorithms)
-    route: str = "static"  # how it was obtained: "static" | "kernel_cache" | "plan_store" | "build_process" (plans/) | "reference" (not built)
-    route_reason: str = ""  # why that route
+    route: Route = REGISTERED_ROUTE  # how its calls are served, decided once (routes.py, Note [One route per call])
+    plan_source: str = "registered"  # where its plan came from: "static" | "kernel_cache" | "plan_store" | "build_process" (plans/) | "reference" (none)
+    plan_source_reason: str = ""  # why from there
     build_seconds: float = 0.0  # wall time to obtain it: the sum of phase_seconds but first_execution
     phase_seconds: Optional[dict] = None  # seconds by phase (build_timing.py), first_execution added by the op's first launch
     # Per operand (inputs then outputs), the (shape, stride) the graph has for it, for a
@@ -98,27 +104,24 @@ class BuiltGraph:
         return self.binding.reason
 
 
-REFERENCE_ROUTE = "reference"
+REFERENCE_SOURCE = "reference"  # the plan_source of a graph the interpreter runs
 
 
-def build(
-    definition: Definition, device: int, specs: Tuple[TensorSpec, ...], *, deterministic: bool = False, off_path: bool = False,
-) -> BuiltGraph:
-    """``definition`` built for ``device`` and input ``specs``; the native path's binding
-    made by the settings now (``native_path``, ``native_hand_over``). ``off_path``: a
-    background build (a build process may build it: Note [The build process]). A graph the
-    interpreter runs (``reference=True``, the ``reference_path`` setting) is not built.
-    Inputs the op materializes (Note [Pointwise broadcasts]) are built for at their full
-    shape: ``BuiltGraph.inputs`` are the specs the graph reads."""
+def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], route: Route) -> BuiltGraph:
+    """``definition`` built for ``device`` and input ``specs`` as ``route`` says (where the
+    plan comes from, the native path's binding); a graph the interpreter runs (``reference=True``,
+    the ``reference_path`` setting) is not built. Inputs the op materializes (Note [Pointwise
+    broadcasts]) are built for at their full shape: ``BuiltGraph.inputs`` are the specs the graph reads."""
     clock = PhaseClock()
+    deterministic = route.deterministic
     with build_scope(device) as handle:
         clock.lap("scope")
-        if settings.resolve("reference_path", definition.reference):
+        if route.runs_on == "interpreter":
             layout = describing.described(definition, specs, device).layout  # the description the interpreter then runs
             clock.lap("describe")
-            return _reference_graph(definition, device, specs, layout, clock)
+            return _reference_graph(definition, device, specs, layout, clock, route)
         try:
-            obtained = obtain(definition, device, specs, handle, deterministic, clock, off_path=off_path)
+            obtained = obtain(definition, device, specs, handle, route, clock)
         except Exception as error:
             if not deterministic:
                 _refuse_integer_default(definition, specs, error)
@@ -126,7 +129,7 @@ def build(
             # Was it the filter? Built without it, the graph has only non-deterministic
             # plans: torch's rule for such an op (an error, or a warning with warn_only).
             try:
-                obtained = obtain(definition, device, specs, handle, False, clock)
+                obtained = obtain(definition, device, specs, handle, dataclasses.replace(route, deterministic=False), clock)
             except Exception as retried:
                 _refuse_integer_default(definition, specs, retried)
                 raise
@@ -134,7 +137,7 @@ def build(
             deterministic = False
         graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
         call_specs, specs = specs, materialized_specs(specs, obtained.layout.materialized)  # what the graph reads
-        layout = obtained.layout if obtained.route in DESERIALIZED_ROUTES else _built_layout(definition, specs, outputs, obtained.layout)
+        layout = obtained.layout if obtained.source in DESERIALIZED_SOURCES else _built_layout(definition, specs, outputs, obtained.layout)
         workspace = int(graph.get_workspace_size())
         engine = obtained.engine or engine_of(graph)
         clock.lap("inspect")
@@ -146,13 +149,11 @@ def build(
         graph, definition.graph_id, device, layout_lists(specs), layout_lists(layout.outputs), tuple(layout.output_positions), uids,
         deterministic, _token_counts(definition, len(specs), layout), obtained.serialized,
     )
-    binding = NativeBinding.on_build(
-        source, enabled=_C.with_cuda and bool(settings.get("native_path")), hand_over=settings.get("native_hand_over"),
-        has_bool=has_bool(specs, layout.outputs), lap=clock.lap,
-    )
+    binding = NativeBinding.on_build(source, when=route.native, has_bool=has_bool(specs, layout.outputs), lap=clock.lap)
     built = BuiltGraph(
         graph, device, specs, layout, uids, workspace, binding, engine, plan=choice.plan, tuning=choice, graph_views=graph_views,
-        deterministic=deterministic, route=obtained.route, route_reason=obtained.route_reason, phase_seconds=clock.seconds,
+        deterministic=deterministic, route=route, plan_source=obtained.source, plan_source_reason=obtained.source_reason,
+        phase_seconds=clock.seconds,
     )
     built.build_seconds = sum(clock.seconds.values())
     return built
@@ -174,13 +175,13 @@ def _refuse_integer_default(definition: Definition, specs, error: Exception) -> 
 REFERENCE_REASON = "the torch interpreter runs it, never cuDNN (op/reference.py)"
 
 
-def _reference_graph(definition: Definition, device: int, specs, layout: GraphLayout, clock: PhaseClock) -> BuiltGraph:
+def _reference_graph(definition: Definition, device: int, specs, layout: GraphLayout, clock: PhaseClock, route: Route) -> BuiltGraph:
     """The graph cache's entry of a graph the interpreter runs on ``device``: no cuDNN
     graph, no plan, never native; its layout is the description's."""
     why = "reference=True" if definition.reference else "the reference_path setting"
     built = BuiltGraph(
         None, device, tuple(specs), layout, (), 0, NativeBinding("python", f"{REFERENCE_REASON}: {why}"), engine="reference",
-        route=REFERENCE_ROUTE, route_reason=why, phase_seconds=clock.seconds,
+        route=route, plan_source=REFERENCE_SOURCE, plan_source_reason=why, phase_seconds=clock.seconds,
     )
     built.build_seconds = sum(clock.seconds.values())
     return built

@@ -19,10 +19,9 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import cudnn
 import torch
 
-from .. import _C
+from .._extension import _C
 from ..pool import current_handle
 from .broadcasts import broadcast_inputs, materialized_specs
-from .buckets import check_padding
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
 from .output_strides import undeclared_output_strides
@@ -84,10 +83,7 @@ def describe(definition: Definition, specs: Sequence[TensorSpec], handle=None, *
     ``graph_options``: more ``cudnn.pygraph`` arguments (plans/: a kernel cache). In a
     pointwise-only graph an input that broadcasts is described at its full shape, and the
     layout names it (Note [Pointwise broadcasts] in broadcasts.py); ``as_written``: not
-    (the interpreter's own tests, which broadcast in the interpreter). A bucketed graph is
-    first checked to be exact under padding (Note [Size buckets]), once per layout."""
-    if definition.buckets is not None:
-        check_padding(definition.graph_id, definition.name, definition.buckets, specs, definition.backward is not None)
+    (the interpreter's own tests, which broadcast in the interpreter)."""
     described = _describe_as_given(definition, specs, handle, **graph_options)
     if as_written or definition.views is not None or definition.ragged is not None:
         return described

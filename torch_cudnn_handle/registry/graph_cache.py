@@ -2,34 +2,31 @@
 
   * Keys: a built graph per (id, device, the inputs' torch shapes/strides/dtypes, whether
     torch.use_deterministic_algorithms is on); a packed (ragged) input's token count is
-    no part of it (ragged.py). A registered built graph is pinned: never in the LRU,
-    never evicted.
-  * Each key is built once. The first caller builds, outside the lock, behind a
-    ``concurrent.futures.Future`` that concurrent first callers of the key wait on and
-    get its result or its error from. A failed build is not kept: the next call tries again.
-  * No build while the device's current stream captures a CUDA graph: the call is
-    refused, with the fix (warm up before capture).
+    no part of it (ragged.py). A registered built graph is pinned: never in the LRU.
+  * A key's route is decided at its first lookup (routes.py, Note [One route per call]),
+    and by a call that meets it still building, and kept on the built graph; the cache
+    follows it. Each key is built once: the first caller builds, outside the lock, behind
+    a ``concurrent.futures.Future`` that concurrent first callers wait on and get its
+    result or error from. A failed build is not kept: the next call tries again. A
+    route that refuses a build (a capture) is an error with the fix (warm up first).
   * The native hand-over is the graph's ``NativeBinding`` (Note [The native hand-over]):
     this cache tells it when it is built (build.py), reused (a hit that reached Python)
     and evicted.
   * Recency: one clock, CLOCK_MONOTONIC ns: the Python path stamps each hit; eviction also
     reads a native plan's last run from the extension, stamped on the same clock.
-  * Note [Builds off the caller's path]: with the ``background_builds`` setting (or a
-    graph's ``background_builds=True``), a call the op can serve without cuDNN (the torch
-    interpreter on the inputs' device) does not wait for its layout's first build: one of
-    two build threads builds it (cuDNN's part in a build process where it can: Note [The
-    build process], plans/build_process.py), and calls at that layout run on the stand-in
-    until it is done. Never under deterministic algorithms (the calls wait: no two
-    implementations in one deterministic run) nor while capturing (a build in flight is
-    waited for; none can start: warm up first). A failed background build is not retried
-    there: the next call builds in its own path and raises the error. The stand-in's
-    results agree with the plan's within the engines' numerics, not bitwise.
-  * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for the builds in flight: a
-    daemon thread inside a cuDNN build while Python finalizes can crash it (SIGSEGV, H200).
-  * Lifetimes: built graphs live until evicted (or dropped at exit); a call running one
-    holds a reference, and a capture keeps what it needs (``_C.keep_alive_while_captured``).
-  * Thread safety: one lock guards every table; no build, description or user code runs
-    under it.
+  * Note [Builds off the caller's path]: where the route names a stand-in (the
+    ``background_builds`` rule: routes.py), a call does not wait for its layout's first
+    build: one of two build threads builds it (cuDNN's part in a build process where the
+    route allows: Note [The build process], plans/build_process.py), and calls at that
+    layout run on the stand-in until it is done; a call whose route has none (a
+    deterministic one, a capture) waits for the build in flight. A failed background build
+    is not retried there: the next call builds in its own path and raises the error. The
+    stand-in's results agree with the plan's within the engines' numerics, not bitwise.
+  * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for builds in flight: a daemon
+    thread in a cuDNN build while Python finalizes can crash it (SIGSEGV, H200). Built graphs
+    live until evicted (or dropped at exit); a call running one holds a reference, and a
+    capture keeps what it needs (``_C.keep_alive_while_captured``).
+  * Thread safety: one lock guards every table; no build, description or user code runs under it.
 """
 
 from __future__ import annotations
@@ -43,12 +40,14 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import _C, settings
+from .. import settings
+from .._extension import _C
 from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam the CPU tests replace
-from .build import REFERENCE_ROUTE, BuiltGraph, build
+from .build import REFERENCE_SOURCE, REGISTERED_ROUTE, BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
 from .pinned import PinnedGraphs
 from .plans import build_process
+from .routes import Facts, Resolved, Route, decide
 from .specs import TensorSpec
 
 __all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
@@ -82,20 +81,20 @@ class GraphCache:
         self._foreground_only: set = set()  # keys whose background build failed: built in the caller's path
         self._builder: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0, stand_in_calls=0)
-        self._routes: "collections.Counter[str]" = collections.Counter()  # graphs obtained per route (plans/)
+        self._calls: "collections.Counter[str]" = collections.Counter()  # calls that reached Python, by route label (routes.py)
+        self._plan_sources: "collections.Counter[str]" = collections.Counter()  # graphs obtained per plan source (plans/)
         self._plan_seconds = 0.0  # time spent obtaining them (BuiltGraph.build_seconds)
         self._phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py)
 
     # -- lookups -------------------------------------------------------------------
 
     def lookup(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool = False,
-               *, call: bool = True, stand_in: bool = False) -> Optional[BuiltGraph]:
+               *, call: bool = True, stand_in: str = "") -> Optional[BuiltGraph]:
         """The graph ``graph_id`` built for ``device`` and these inputs; built on first use.
-        ``key_specs``: the inputs' (shape, stride, dtype, is_cpu), the hot key. ``call``:
-        the op runs it now (a pending binding is handed over first); else only its layout
-        is wanted. ``stand_in``: the caller can serve the call without cuDNN, so with the
-        ``background_builds`` setting on (read here, on a miss only) a first use builds in the
-        background and returns None (Note [Builds off the caller's path])."""
+        ``key_specs``: the inputs' (shape, stride, dtype, is_cpu), the hot key. ``call``: the
+        op runs it now (a pending binding is handed over first); else only its layout is
+        wanted. ``stand_in``: what the caller can serve the call with while its plan builds
+        ("interpreter", "torch_attention"); None while it does (the route's choice)."""
         key = (graph_id, device, key_specs, deterministic)
         built = self._hit(key)
         if built is not None:
@@ -110,8 +109,16 @@ class GraphCache:
             # (above) is never stored, so every such call on this path checks its inputs.
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
-        background = stand_in and not deterministic and bool(settings.resolve("background_builds", definition.background_builds))
-        return self._build_once(key, definition, device, specs, call, background and not _capturing(device))
+        facts = Facts("cuda", deterministic, _capturing(device), stand_in=stand_in, with_cuda=_C.with_cuda,
+                      background_failed=key in self._foreground_only)
+        return self._build_once(key, definition, device, specs, call, decide(definition, Resolved.now(), facts))
+
+    def kept_route(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool):
+        """The route kept on the graph built for this call's key, or None (not built yet); counts nothing, builds nothing."""
+        definition = self.definitions.get(graph_id)  # an unknown id: the registry's error
+        specs = key_specs if definition.ragged is None else definition.call_specs(tuple(map(TensorSpec.of, inputs)))
+        entry = self._entries.get((graph_id, device, specs, deterministic))  # one dict read: atomic under the GIL
+        return REGISTERED_ROUTE if definition.is_built else None if entry is None else entry.built.route
 
     def _hit(self, key) -> Optional[BuiltGraph]:
         with self._lock:
@@ -122,7 +129,7 @@ class GraphCache:
             self._counters["hits"] += 1
             return entry.built
 
-    def _build_once(self, key, definition: Definition, device: int, specs, call: bool, stand_in: bool = False) -> Optional[BuiltGraph]:
+    def _build_once(self, key, definition: Definition, device: int, specs, call: bool, route: Route) -> Optional[BuiltGraph]:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -134,44 +141,41 @@ class GraphCache:
                 owner = future is None
                 if owner:
                     future = self._in_flight[key] = concurrent.futures.Future()
-                background = owner and stand_in and key not in self._foreground_only
+                background = owner and route.build_on == "build_thread"
         if entry is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
             return self._reused(entry.built) if call else entry.built
         if not owner:  # a concurrent first call: its build's result (or error), run as a first call
-            if stand_in and not future.done():
-                with self._lock:
-                    self._counters["stand_in_calls"] += 1
-                return None
-            return future.result()
-        try:
-            if _capturing(device):
-                raise RuntimeError(
-                    f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
-                    f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
-                    "which a build cannot be part of. Warm up before capture: run the same call once outside it."
-                )
-        except BaseException as error:
+            return self._stood_in(route) if route.stand_in and not future.done() else future.result()
+        if route.build_on == "refused":
+            error = RuntimeError(
+                f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
+                f"{', '.join(s.describe() for s in specs)}, and the current stream is capturing a CUDA graph, "
+                "which a build cannot be part of. Warm up before capture: run the same call once outside it.")
             self._fail(key, future, error)
-            raise
+            raise error
         if background:  # Note [Builds off the caller's path]: the stand-in serves this call
-            self._background().submit(self._run_build, key, definition, device, specs, future, True)
-            with self._lock:
-                self._counters["background_builds"] += 1
-                self._counters["stand_in_calls"] += 1
-            return None
-        return self._run_build(key, definition, device, specs, future)
+            self._background().submit(self._run_build, key, definition, device, specs, future, route, True)
+            return self._stood_in(route, started_a_build=True)
+        return self._run_build(key, definition, device, specs, future, route)
 
-    def _run_build(self, key, definition: Definition, device: int, specs, future, background: bool = False) -> BuiltGraph:
+    def _stood_in(self, route: Route, started_a_build: bool = False) -> None:
+        """A call its route's stand-in serves while its plan builds: counted, and None for the caller."""
+        with self._lock:
+            self._counters["background_builds"] += started_a_build
+            self._counters["stand_in_calls"] += 1
+            self._calls[route.label] += 1
+
+    def _run_build(self, key, definition: Definition, device: int, specs, future, route: Route, background: bool = False) -> BuiltGraph:
         try:
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
-            built = build(definition, device, specs, deterministic=key[3], off_path=background)
+            built = build(definition, device, specs, route)
         except BaseException as error:
             self._fail(key, future, error, background)
             raise
         with self._lock:
-            self._counters["builds"] += built.route not in ("plan_store", REFERENCE_ROUTE)  # a load, or the interpreter's entry: no build
-            self._routes[built.route] += 1
+            self._counters["builds"] += built.plan_source not in ("plan_store", REFERENCE_SOURCE)  # a load, or the interpreter's entry: no build
+            self._plan_sources[built.plan_source] += 1
             self._plan_seconds += built.build_seconds
             self._phase_seconds.update(built.phase_seconds or {})
             self._entries[key] = _Entry(built)
@@ -189,8 +193,7 @@ class GraphCache:
         future.set_exception(error)
 
     def _background(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The build threads, one per build process (each waits on one), made on first use (the
-        exit hook waits for their builds)."""
+        """The build threads, one per build process (each waits on one), made on first use (the exit hook waits for them)."""
         with self._lock:
             if self._builder is None:
                 self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
@@ -207,9 +210,13 @@ class GraphCache:
                 self._phase_seconds["native_hand_over"] += seconds
         return built
 
+    def count_call(self, label: str) -> None:
+        """A call the Python path or the CPU kernel served, on route ``label`` (the extension counts native ones)."""
+        with self._lock:
+            self._calls[label] += 1
+
     def wait_for_builds(self, timeout: float) -> int:
-        """Wait until no build is in flight, at most ``timeout`` seconds (builds that start
-        meanwhile are waited for too); the number still in flight then (0: none)."""
+        """Wait, at most ``timeout`` s, until no build is in flight (later ones too); how many still are (0: none)."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -242,22 +249,26 @@ class GraphCache:
                 _, entry = item
                 return max(entry.used_ns, native_used.get(entry.built.native_serial, 0))
 
-            evicted = []
-            for key, entry in heapq.nsmallest(len(self._entries) - capacity, self._entries.items(), key=last_use):  # one pass
-                del self._entries[key]
-                self._counters["evictions"] += 1
-                evicted.append(entry.built)
-        for built in evicted:  # outside the lock: forgetting a plan waits for the handles using it
-            built.binding.on_evict()
+            keys = [key for key, _ in heapq.nsmallest(len(self._entries) - capacity, self._entries.items(), key=last_use)]  # one pass
+        self._evict(keys)
 
     def evict_where(self, predicate) -> int:
         """Evict every built graph ``predicate(graph_id, built)`` holds for (its native
         plan forgotten, as an LRU eviction does); returns how many."""
         with self._lock:
             keys = [key for key, entry in self._entries.items() if predicate(key[0], entry.built)]
-            evicted = [self._entries.pop(key).built for key in keys]
+        return self._evict(keys)
+
+    def _evict(self, keys) -> int:
+        """Drop these entries; their native calls stay counted, their native plans are forgotten
+        outside the lock (forgetting a plan waits for the handles using it)."""
+        native_calls = _C.native_calls() if _C.with_cuda and keys else {}
+        with self._lock:
+            evicted = [entry.built for entry in (self._entries.pop(key, None) for key in keys) if entry is not None]
             self._counters["evictions"] += len(evicted)
-        for built in evicted:  # outside the lock, as in evict_over_capacity
+            for built in evicted:
+                self._calls[built.route.label] += native_calls.get(built.native_serial, 0)
+        for built in evicted:
             built.binding.on_evict()
         return len(evicted)
 
@@ -267,25 +278,21 @@ class GraphCache:
             return [entry.built for (gid, *_), entry in self._entries.items() if graph_id is None or gid == graph_id]
 
     def drop_built(self) -> None:
-        """Forget every built graph, registered ones included (the ids stay). Native plans
-        are left to the extension: this runs at exit (registry/__init__.py)."""
+        """Forget every built graph, registered ones too (ids stay; native plans are the extension's): at exit."""
         with self._lock:
             self._entries.clear()
         self.pinned.clear()
 
     def stats(self) -> dict:
+        native_calls = _C.native_calls() if _C.with_cuda else {}
         with self._lock:
             bindings = [entry.built.binding for entry in self._entries.values()]
+            calls = collections.Counter(self._calls)
+            for entry in self._entries.values():  # an evicted plan's were added to _calls then
+                calls[entry.built.route.label] += native_calls.get(entry.built.native_serial, 0)
             return dict(
-                self._counters,
-                cached=len(bindings),
-                native=sum(b.native for b in bindings),
-                native_pending=sum(b.pending for b in bindings),
-                python_path=sum(not b.native for b in bindings),
-                engines=dict(collections.Counter(entry.built.engine for entry in self._entries.values())),
-                capacity=settings.get("graph_cache_capacity"),
-                definitions=len(self.definitions),
-                routes=dict(self._routes),
-                plan_seconds=self._plan_seconds,
-                phase_seconds=dict(self._phase_seconds),
+                self._counters, cached=len(bindings), native=sum(b.native for b in bindings), native_pending=sum(b.pending for b in bindings),
+                python_path=sum(not b.native for b in bindings), engines=dict(collections.Counter(e.built.engine for e in self._entries.values())),
+                capacity=settings.get("graph_cache_capacity"), definitions=len(self.definitions), plan_sources=dict(self._plan_sources),
+                routes=dict(calls), plan_seconds=self._plan_seconds, phase_seconds=dict(self._phase_seconds),
             )

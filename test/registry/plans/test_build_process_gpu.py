@@ -38,12 +38,12 @@ def test_a_fused_linear_built_in_a_build_process_is_the_plan_built_here(backgrou
     before = tch.stats.build_processes()
     first = tch.execute(elsewhere, [x, w, b])  # the stand-in serves it while the helper builds
     built = _built(elsewhere)
-    assert built.route == "build_process", (built.route, built.route_reason, tch.stats.build_processes())
+    assert built.plan_source == "build_process", (built.plan_source, built.plan_source_reason, tch.stats.build_processes())
     assert tch.stats.build_processes()["builds"] == before["builds"] + 1
     assert "build_process" in built.phase_seconds and built.native, built.path_reason
     with tch.settings.override(background_builds=False):
         expected = tch.execute(here, [x, w, b])
-    assert tch.built_graphs(here)[0].route == "static"
+    assert tch.built_graphs(here)[0].plan_source == "static"
     assert built.engine == tch.built_graphs(here)[0].engine
     later = tch.execute(elsewhere, [x, w, b])
     for got, want, stand_in in zip(later, expected, first):
@@ -67,7 +67,7 @@ def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background)
         (expected,) = tch.execute(here, [a, b, alpha])
         tch.execute(elsewhere, [a, b, alpha])  # a failed background build raises here, in the call's own build
     (built,) = tch.built_graphs(elsewhere)
-    assert built.route == "build_process", (built.route, tch.stats.build_processes())
+    assert built.plan_source == "build_process", (built.plan_source, tch.stats.build_processes())
     for value in (0.75, -2.0):  # a by-value scalar is read per call, not baked into the plan
         (got,) = tch.execute(elsewhere, [a, b, torch.full((1, 1, 1), value)])
         (want,) = tch.execute(here, [a, b, torch.full((1, 1, 1), value)])
@@ -83,7 +83,7 @@ def test_sdpa_and_deterministic_builds_stay_in_this_process(background):
     with torch.no_grad():
         sdpa(q, k, v, causal=True)  # served by a stand-in while its plan builds on a build thread
     assert tch.registry.wait_for_builds(120) == 0
-    routes = {b.route for b in tch.built_graphs(SDPA_INFERENCE_GRAPHS[True]) if b.inputs[0].shape == (1, 2, 96, 64)}
+    routes = {b.plan_source for b in tch.built_graphs(SDPA_INFERENCE_GRAPHS[True]) if b.inputs[0].shape == (1, 2, 96, 64)}
     # A frost engine family may serve sdpa, and its description is the frontend's own JSON, not the backend's: not sent.
     assert routes == {"static"}, (routes, tch.stats.build_processes())
     deterministic = _linear("build_process_linear_gelu_deterministic")
@@ -94,4 +94,4 @@ def test_sdpa_and_deterministic_builds_stay_in_this_process(background):
         tch.execute(deterministic, [x, w, b])  # waits for its build, in this process
     finally:
         torch.use_deterministic_algorithms(False)
-    assert [b.route for b in tch.built_graphs(deterministic)] == ["static"]
+    assert [b.plan_source for b in tch.built_graphs(deterministic)] == ["static"]

@@ -4,7 +4,13 @@ off); the backward graph follows its forward's registration."""
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import registry
-from torch_cudnn_handle.registry.plans.kernel_caches import dynamic_shapes_enabled
+from torch_cudnn_handle.registry.routes import Facts, Resolved, decide
+
+
+def dynamic_shapes_enabled(per_graph=None) -> bool:
+    """Whether a CUDA call of a graph registered with ``dynamic_shapes=per_graph`` builds with a kernel cache (its route)."""
+    definition = registry.definition(tch.register_graph(lambda g, x: g.relu(x), name="dyn", dynamic_shapes=per_graph))
+    return "kernel_cache" in decide(definition, Resolved.now(), Facts("cuda")).plan_from
 
 
 def test_per_graph_over_process_over_environment(monkeypatch, fresh_settings):

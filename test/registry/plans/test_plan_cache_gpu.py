@@ -91,7 +91,7 @@ def engines_of(*graph_ids):
 
 def routes(*graph_ids):
     ids = [*graph_ids, *(registry.definition(g).backward_id for g in graph_ids)]
-    return [(b.route, b.route_reason, b.native, b.engine) for g in ids if g is not None for b in tch.built_graphs(g)]
+    return [(b.plan_source, b.plan_source_reason, b.native, b.engine) for g in ids if g is not None for b in tch.built_graphs(g)]
 
 
 CACHE_REFUSED = "the build with a kernel cache failed"  # plans/__init__.py's reason for a static build after one
@@ -155,7 +155,7 @@ def test_kernel_cache_builds_give_bitwise_the_outputs_of_static_builds():
     assert all(native for _, _, native, _ in built), "the native path serves kernel-cache plans (from their second call)"
     assert {route for route, *_ in routes(*static)} == {"static"}
     stats = tch.stats.graphs()
-    assert stats["routes"]["kernel_cache"] >= sum(route == "kernel_cache" for route, *_ in built) and stats["plan_seconds"] > 0
+    assert stats["plan_sources"]["kernel_cache"] >= sum(route == "kernel_cache" for route, *_ in built) and stats["plan_seconds"] > 0
     for b in tch.built_graphs(dynamic[1]):  # where each build's time went
         handed = "native" if settings.get("native_hand_over") == "build" else "native_hand_over"
         assert {"describe", "operation_graph", "heuristics", "support", "plan", handed} <= set(b.phase_seconds)

@@ -12,8 +12,10 @@ import torch
 
 from conftest import run_concurrently
 from support.ubjson import encode
+import torch_cudnn_handle as tch
 from torch_cudnn_handle import settings
 from torch_cudnn_handle.registry.plans import store as plan_store
+from torch_cudnn_handle.registry.routes import Facts, Resolved, decide
 from torch_cudnn_handle.registry.plans.store import PlanStore, plan_key
 from torch_cudnn_handle.registry.plans.stored_graphs import check_blob, description_fingerprint
 
@@ -154,18 +156,26 @@ def test_concurrent_writers_in_spawned_processes_leave_one_whole_entry(tmp_path)
     assert os.listdir(tmp_path) == [os.path.basename(PlanStore(tmp_path).path_of(key()))]
 
 
+def _consults_the_store() -> bool:
+    """Whether a CUDA call's route loads from (and writes to) the plan store now (registry/routes.py)."""
+    definition = tch.registry.definition(tch.register_graph(lambda g, x: g.relu(x), name="stored"))
+    return "plan_store" in decide(definition, Resolved.now(), Facts("cuda")).plan_from
+
+
 def test_settings_the_call_wins_over_the_environment(tmp_path, monkeypatch, fresh_settings):
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE", "0")
-    assert plan_store.store() is None
+    assert not _consults_the_store()
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE", "1")
+    assert _consults_the_store()
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_PLAN_STORE_DIR", str(tmp_path / "from_env"))
     assert plan_store.store().directory == str(tmp_path / "from_env")
     monkeypatch.delenv("TORCH_CUDNN_HANDLE_PLAN_STORE_DIR")
     assert settings.get("plan_store_dir") == os.path.join(os.path.expanduser("~"), ".cache", "torch_cudnn_handle", "plans")
     settings.set_plan_store_dir(tmp_path / "mine")
     settings.set_plan_store(False)
-    assert plan_store.store() is None
+    assert not _consults_the_store()
     settings.set_plan_store(True)  # the directory stays
+    assert _consults_the_store()
     assert plan_store.store().directory == str(tmp_path / "mine")
     plan_store.store().store(key(), b"x")
     assert plan_store.stats()["writes"] >= 1

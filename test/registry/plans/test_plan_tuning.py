@@ -8,9 +8,11 @@ import sys
 import pytest
 import torch
 
+import torch_cudnn_handle as tch
 from torch_cudnn_handle import settings
 from torch_cudnn_handle.registry.plans import tuning as plan_tuning
 from torch_cudnn_handle.registry.plans.tuning import cache_key, read_cache, write_cache_entries
+from torch_cudnn_handle.registry.routes import Facts, Resolved, decide
 
 LAYOUT = [((2, 16, 32), (512, 32, 1), torch.float16), ((2, 32, 8), (256, 8, 1), torch.float16), ((2, 16, 8), (128, 8, 1), torch.float16)]
 KEY_ARGS = dict(backend_version=91900, frontend_version="1.32.0", device="NVIDIA H200 sm90 132SMs", graph_key=1234567, layout=LAYOUT, deterministic=False)
@@ -131,7 +133,8 @@ def test_per_graph_beats_set_plan_tuning_beats_the_environment(per_graph, proces
         monkeypatch.setenv(name, value)
     if process is not None:
         settings.set_plan_tuning(process)
-    assert plan_tuning.tuning_enabled(per_graph) is expected
+    definition = tch.registry.definition(tch.register_graph(lambda g, x: g.relu(x), name="tuned", tune=per_graph))
+    assert decide(definition, Resolved.now(), Facts("cuda")).tuned is expected
 
 
 def test_the_tuning_file_comes_from_the_setter_then_the_environment_then_home(monkeypatch, fresh_settings, tmp_path):

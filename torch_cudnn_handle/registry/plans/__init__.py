@@ -1,5 +1,5 @@
 """Where a plan comes from: loaded from the plan store, or built (with a kernel cache, or
-statically, tuned or not); which route served a graph is the ``route`` of its ``BuiltGraph``.
+statically, tuned or not); which one served a graph is the ``plan_source`` of its ``BuiltGraph``.
 
   * ``"plan_store"``: the plan stored by an earlier build (this process or another),
     deserialized and checked (stored_graphs.py, store.py); no build;
@@ -12,7 +12,7 @@ statically, tuned or not); which route served a graph is the ``route`` of its ``
   * ``"static"``: described and built as always.
 
 A build with a kernel cache that fails is built again statically, and the slot
-remembers why (``route_reason``): every later graph of that structure then builds
+remembers why (``plan_source_reason``): every later graph of that structure then builds
 statically, without trying the cache again. A built backend plan is stored for the
 next process (when the plan store is on).
 
@@ -21,7 +21,8 @@ stored plan is, and its key), ``kernel_caches.py``, ``tuning/`` (timing the cand
 ``build_process.py`` (with ``build_worker.py``, the helper's program); here ``obtain``,
 which the registry's build calls.
 
-Runs inside the caller's ``build_scope(device)``, on its thread, with its handle.
+Runs inside the caller's ``build_scope(device)``, on its thread, with its handle. What to
+try is the call's route (routes.py); nothing here reads a setting.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ import cudnn
 from .. import describe as describing
 from ..broadcasts import materialized_specs
 from ..build_timing import PhaseClock
+from ..routes import Route
 from ..specs import GraphLayout, TensorSpec, layout_lists
 from . import build_process, kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
 
-__all__ = ["Obtained", "obtain", "engine_of"]
+__all__ = ["Obtained", "obtain", "engine_of", "DESERIALIZED_SOURCES"]
 
 
 @dataclasses.dataclass
@@ -47,23 +49,21 @@ class Obtained:
     layout: GraphLayout
     uids: Tuple[int, ...]
     choice: plan_tuning.PlanChoice
-    route: str  # "static" | "kernel_cache" | "plan_store" | "build_process"
-    route_reason: str
+    source: str  # "static" | "kernel_cache" | "plan_store" | "build_process": where the plan came from
+    source_reason: str
     engine: Optional[str] = None  # what serves it (engine_of); a disk entry's recorded one (a deserialized graph cannot name it)
     serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
 
 
-DESERIALIZED_ROUTES = ("plan_store", "build_process")  # a plan deserialized here: it writes what its description declares
+DESERIALIZED_SOURCES = ("plan_store", "build_process")  # a plan deserialized here: it writes what its description declares
 
 
-def obtain(
-    definition, device: int, specs: Tuple[TensorSpec, ...], handle, deterministic: bool, clock: PhaseClock, off_path: bool = False,
-) -> Obtained:
-    """The graph for ``specs``, loaded or built; ``clock`` gets each phase's seconds
-    (build_timing.py). Inputs the description materializes (``layout.materialized``) are
-    keyed and timed at their full shape. ``off_path``: a background build, which a build
-    process may serve (Note [The build process])."""
-    dynamic = kernel_caches.dynamic_shapes_enabled(definition.dynamic_shapes)
+def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route: Route, clock: PhaseClock) -> Obtained:
+    """The graph for ``specs``, loaded or built where ``route.plan_from`` says, in that order
+    (Note [One route per call]); ``clock`` gets each phase's seconds (build_timing.py). Inputs
+    the description materializes (``layout.materialized``) are keyed and timed at their full shape."""
+    deterministic, tuned = route.deterministic, route.tuned
+    dynamic = "kernel_cache" in route.plan_from
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
 
@@ -81,9 +81,9 @@ def obtain(
     uids = tuple(t.uid for t in inputs + outputs)
     clock.lap("describe")
     key = None
-    if plan_store.enabled():  # the key (a fingerprint of the description) only serves the store
+    if "plan_store" in route.plan_from:  # the key (a fingerprint of the description) only serves the store
         operands = [(s.shape, s.stride, s.dtype) for s in (*specs, *layout.outputs)]
-        key = stored_graphs.key_of(definition, device, graph, operands, deterministic, dynamic, plan_tuning.tuning_enabled(definition.tune))
+        key = stored_graphs.key_of(definition, device, graph, operands, deterministic, dynamic, tuned)
         clock.lap("key")
 
     if key is not None:
@@ -96,7 +96,7 @@ def obtain(
                 loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), serialized=blob,
             )
 
-    if off_path and not options and not deterministic and not plan_tuning.tuning_enabled(definition.tune) and layout.all_declared():
+    if "build_process" in route.plan_from and layout.all_declared():  # a helper builds what it can (build_process.offer)
         elsewhere = build_process.offer(graph, device)
         clock.lap("build_process")
         if elsewhere is not None:
@@ -111,12 +111,12 @@ def obtain(
                 return Obtained(built, outputs, layout, uids, choice, "build_process", "built by a build process", engine, serialized=blob)
             build_process.rejected(why)
 
-    route, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
+    source, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:
         try:
             with slot.lock:  # one build at a time per kernel cache (kernel_caches.py)
-                choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe(options).graph, clock)
-            route, reason = "kernel_cache", "dynamic shapes, the kernel cache of its structure"
+                choice = _build_described(definition, tuned, device, specs, layout, uids, graph, handle, lambda: describe(options).graph, clock)
+            source, reason = "kernel_cache", "dynamic shapes, the kernel cache of its structure"
         except Exception as error:  # noqa: BLE001 -- built statically instead (below)
             cache_error = error
             graph, inputs, outputs, layout = describe({})  # the dynamic description is spent
@@ -126,7 +126,7 @@ def obtain(
     if choice is None:
         # A static build that fails too is not the kernel cache's fault: it raises, and
         # the slot stays usable.
-        choice = _build_described(definition, device, specs, layout, uids, graph, handle, lambda: describe({}).graph, clock)
+        choice = _build_described(definition, tuned, device, specs, layout, uids, graph, handle, lambda: describe({}).graph, clock)
         if cache_error is not None:
             slot.refused = reason = (
                 f"the build with a kernel cache failed, so graphs of this structure build statically "
@@ -140,9 +140,9 @@ def obtain(
         serialized = stored_graphs.serialized_plan(graph)
         clock.lap("serialize")
         if serialized is not None:
-            stored_graphs.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=route))
+            stored_graphs.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=source))  # "route": the field's name on disk
             clock.lap("store")
-    return Obtained(graph, outputs, layout, uids, choice, route, reason, engine, serialized=serialized)
+    return Obtained(graph, outputs, layout, uids, choice, source, reason, engine, serialized=serialized)
 
 
 def engine_of(graph) -> str:
@@ -156,10 +156,10 @@ def engine_of(graph) -> str:
         return "backend"
 
 
-def _build_described(definition, device, specs, layout, uids, graph, handle, fresh_graph, clock: PhaseClock) -> plan_tuning.PlanChoice:
+def _build_described(definition, tuned, device, specs, layout, uids, graph, handle, fresh_graph, clock: PhaseClock) -> plan_tuning.PlanChoice:
     return plan_tuning.build_graph(  # untuned: exactly graph.build([A, FALLBACK]), step by step
         graph,
-        tune=definition.tune,
+        tune=tuned,
         device=device,
         handle=handle,
         input_specs=layout_lists(specs),

@@ -40,7 +40,8 @@ import time
 import warnings
 from typing import Optional, Tuple
 
-from ... import _C, settings
+from ... import settings
+from ..._extension import _C
 from .build_worker import read_message, write_message
 
 __all__ = ["HELPERS", "BUILD_TIMEOUT_SECONDS", "offer", "build_description", "backend_only", "rejected", "stats"]
@@ -136,8 +137,9 @@ def backend_only(graph) -> bool:
 
 def offer(graph, device: int) -> Optional[Tuple[bytes, str]]:
     """``(serialized plan, engine name)`` of ``graph`` (a validated description, not built)
-    built for ``device`` in a build process; None where the caller builds it itself."""
-    if not settings.get("build_process") or not backend_only(graph):
+    built for ``device`` in a build process; None where the caller builds it itself. Offered
+    where the call's route says (its build_process setting, routes.py)."""
+    if not backend_only(graph):
         return None
     description = repr(graph)  # a lowered description prints as the backend's JSON
     if "cudnn_backend_version" not in description:

@@ -8,12 +8,12 @@ cuDNN uses the kernel cache only for dynamic-shape graphs, and only across graph
 one topology, so a cache here belongs to one (definition, device, determinism, input
 dtypes and ranks): what can change the topology a builder describes.
 
-Opt-in: ``register_graph(..., dynamic_shapes=True)`` > the ``dynamic_shapes`` setting
-(settings.py); and only from cuDNN 9.21 (``MIN_BACKEND``).
+Opt-in: ``register_graph(..., dynamic_shapes=True)`` > the ``dynamic_shapes`` setting (the
+call's route says: routes.py); and only from cuDNN 9.21 (``MIN_BACKEND``).
 Measured on the H200 with cuDNN 9.19: the causal sdpa forward built with a kernel
 cache at a second length (264, after 136) wrote outputs up to 4.7 away from the static
 build's, through the frontend's own execute as through the native path, so below 9.21
-such a request builds statically and ``route_reason`` says why.
+such a request builds statically and ``plan_source_reason`` says why.
 
 Thread safety and lifetimes: whether one cuDNN kernel cache may be written by two
 builds at once is not documented, so a ``KernelCacheSlot``'s lock is held for the
@@ -30,9 +30,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import cudnn
 
-from ... import settings
 
-__all__ = ["KernelCacheSlot", "MIN_BACKEND", "dynamic_shapes_enabled", "slot_for", "clear"]
+__all__ = ["KernelCacheSlot", "MIN_BACKEND", "slot_for", "clear"]
 
 
 @dataclasses.dataclass
@@ -44,11 +43,6 @@ class KernelCacheSlot:
 
 _lock = threading.Lock()
 _slots: Dict[tuple, KernelCacheSlot] = {}
-
-
-def dynamic_shapes_enabled(per_graph: Optional[bool] = None) -> bool:
-    """Whether a graph registered with ``dynamic_shapes=per_graph`` is built with dynamic shapes now."""
-    return bool(settings.resolve("dynamic_shapes", per_graph))
 
 
 MIN_BACKEND = 92100  # see the module docstring

@@ -21,9 +21,10 @@ first one built instead of building them. What a file holds, and why it is safe:
 The store knows bytes and keys, not cuDNN: which key a graph has, and whether a
 loaded blob fits the graph, is ``stored_graphs.py``'s job.
 
-Settings (settings.py, read on every build): ``plan_store`` (on by default) and
-``plan_store_dir`` (``~/.cache/torch_cudnn_handle/plans``); a directory that cannot be
-created or written turns the store off, with one warning. Thread-safe.
+Settings: ``plan_store`` (on by default; whether a build consults the store is the call's
+route, routes.py) and ``plan_store_dir`` (``~/.cache/torch_cudnn_handle/plans``, read at each
+use); a directory that cannot be created or written turns the store off, with one warning.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -162,15 +163,9 @@ _stores_lock = threading.Lock()
 _stores: dict = {}  # directory -> PlanStore, so counters survive a directory switch and back
 
 
-def enabled() -> bool:
-    """Whether builds consult the store now (the ``plan_store`` setting)."""
-    return bool(settings.get("plan_store"))
-
-
 def store() -> Optional[PlanStore]:
-    """The store of the current directory, or None when the store is off or its directory unusable."""
-    if not enabled():
-        return None
+    """The store of the current directory, or None when it is unusable. Whether a build
+    consults it at all is the call's route (the plan_store setting: routes.py)."""
     directory = settings.usable_directory("plan_store_dir")
     if directory is None:
         return None

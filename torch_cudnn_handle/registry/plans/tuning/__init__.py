@@ -42,15 +42,10 @@ from .tuning_file import cache_key, read_cache, write_cache_entries
 from .choice import HEURISTICS, PlanChoice, Spec
 from .timing import time_candidates
 
-__all__ = ["PlanChoice", "build_graph", "tuning_stats", "tuning_enabled", "cache_path", "cache_key", "read_cache", "write_cache_entries"]
+__all__ = ["PlanChoice", "build_graph", "tuning_stats", "cache_path", "cache_key", "read_cache", "write_cache_entries"]
 
 
 # -- settings (settings.py: plan_tuning, tuning_file; a per-graph tune= wins) -----------
-
-
-def tuning_enabled(per_graph: Optional[bool] = None) -> bool:
-    """Whether a graph registered with ``tune=per_graph`` is tuned now."""
-    return bool(settings.resolve("plan_tuning", per_graph))
 
 
 def cache_path() -> str:
@@ -86,7 +81,7 @@ def tuning_stats() -> dict:
 def build_graph(
     graph,
     *,
-    tune: Optional[bool],
+    tune: bool,
     device: int,
     handle,
     input_specs: Sequence[Spec],
@@ -103,7 +98,7 @@ def build_graph(
     deterministic algorithms, to learn which plans are deterministic). ``lap(phase)``
     is called as each of cuDNN's build steps ends ("operation_graph", "heuristics",
     "support", then "plan" untuned or "tune" tuned), to time them (registry/build_timing.py)."""
-    if not tuning_enabled(tune):
+    if not tune:
         # Exactly graph.build(HEURISTICS) (validated already), a step at a time so each is timed.
         graph.build_operation_graph()
         lap("operation_graph")

@@ -1,0 +1,135 @@
+"""Which way an ``nn.sdpa`` call goes: its exact plan, its length's bucket, or torch's attention while a plan builds.
+
+Note [Attention off the caller's path]: with the ``background_builds`` setting on as well,
+no sdpa call waits for a build. A call whose plan (its bucket's, or a dense one) is not
+built yet is served by torch's own attention (``torch_attention``) while the plan
+builds on a build thread (not in a build process: an sdpa's description is the
+frontend's own JSON, not the backend's, so the caller's Python still waits while cuDNN
+holds the GIL), and a length's ``TAKE_OVER_CALLS``-th bucketed call
+starts the exact (dense) plan's build for it, which serves that length once built, so a
+length used often runs at an exact plan's steady cost. Never under deterministic
+algorithms (one plan, built in the call: bitwise across calls), never while compiling or
+capturing (what is built serves). These are cases of the call's route (registry/routes.py,
+Note [One route per call]): ``attention_route`` asks for it, with torch's attention as the
+stand-in, and keeps it per layout once nothing is left to decide per call (no stand-in, or
+the plan that serves the layout is ready). A length's results can change within the
+engines' numerics at two points: torch's attention to its bucket's plan, and that to its
+exact plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .. import registry, settings
+from ..op import plan_ready, route_of
+from ..registry import TAKE_OVER_CALLS, Facts, Route
+
+__all__ = ["TAKE_OVER_CALLS", "attention_route", "exact_plan_took_over", "torch_attention", "torch_stands_in", "traced_length_buckets"]
+
+_KEPT_LIMIT = 4096  # the most layouts each table below keeps, for the process (later ones are decided per call)
+
+
+# Routes kept per call layout (exact graph, tensor type, device, q/k/v shapes and strides,
+# dtype, deterministic mode) once nothing is left to decide per call: no stand-in, or the
+# plan that serves the layout is ready (Note [Attention off the caller's path]). Cleared
+# when a setting a route reads changes; for the process, at most _KEPT_LIMIT layouts.
+_settled: Dict[tuple, Route] = {}
+
+
+def attention_route(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, uniform: bool) -> Route:
+    """nn.sdpa's route for this eager call (registry/routes.py decides, torch's attention the
+    stand-in); a steady call finds it kept, with one dict lookup."""
+    key = (exact_graph, type(q), q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+           torch.are_deterministic_algorithms_enabled())
+    route = _settled.get(key)
+    if route is not None:
+        return route
+    route = route_of(exact_graph, [q, k, v], stand_in="torch_attention", uniform_lengths=uniform)
+    layout = _layout_key(exact_graph, q, k, v)
+    settled = not route.stand_in or (_bucketed_calls.get(layout) == _TOOK_OVER if route.buckets == "length"
+                                     else _ready_key(exact_graph, [q, k, v]) in _ready)
+    if settled and len(_settled) < _KEPT_LIMIT:
+        _settled[key] = route
+    return route
+
+
+for _field in dataclasses.fields(registry.Resolved):  # a setting a route reads changes: decide again
+    settings.watch(_field.name, lambda _value: _settled.clear())
+
+
+@torch.compiler.assume_constant_result
+def traced_length_buckets(exact_graph: int) -> bool:
+    """Whether length buckets serve a traced self-attention call of ``exact_graph`` (its
+    route's ``buckets``): read once per trace, a constant of the compiled frame."""
+    facts = Facts("shapes", compiling=True, uniform_lengths=True)
+    return registry.route_for(exact_graph, None, (), (), facts).buckets == "length"
+
+
+def _layout_key(graph_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    return (graph_id, q.device.index, tuple(q.shape), q.stride(), k.stride(), v.stride(), q.dtype)
+
+
+def _ready_key(graph_id: int, operands: list) -> tuple:
+    return (graph_id, operands[0].device.index, *((tuple(t.shape), t.stride()) for t in operands[:3]), operands[0].dtype)
+
+
+# torch's attention backends a stand-in may use: not torch's cuDNN backend, which builds a plan per length too.
+_STAND_IN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The stand-in: ``F.scaled_dot_product_attention`` (scale 1/sqrt(D), causal top-left, as the graphs)."""
+    with sdpa_kernel(_STAND_IN_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+# (graph, device, q/k/v layouts) whose plan was found built: a steady call asks the registry
+# no more (a plan evicted later is rebuilt by the op, its interpreter standing in). For the
+# process, at most _KEPT_LIMIT keys.
+_ready: set = set()
+
+
+def torch_stands_in(graph_id: int, operands: list, route: Route) -> bool:
+    """Whether torch's attention serves this call: the route has it stand in, and
+    ``graph_id``'s plan for ``operands`` is building off the caller's path (started here if it was not)."""
+    if route.stand_in != "torch_attention":
+        return False
+    key = _ready_key(graph_id, operands)
+    if key in _ready:
+        return False
+    if not plan_ready(graph_id, operands):
+        return True
+    if len(_ready) < _KEPT_LIMIT:
+        _ready.add(key)
+    return False
+
+
+# Calls a length's bucket served, per (exact graph, device, q/k/v layout, dtype), up to the
+# route's take_over_after; _TOOK_OVER once its exact plan serves it. For the process, at
+# most _KEPT_LIMIT keys (later ones stay bucketed).
+_TOOK_OVER = -1
+_bucketed_calls: Dict[tuple, int] = {}
+
+
+def exact_plan_took_over(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Route) -> bool:
+    """Whether ``exact_graph`` (a dense sdpa graph) serves this call rather than its bucket:
+    its plan for these inputs was built off the caller's path after the route's
+    ``take_over_after`` calls (Note [Attention off the caller's path]). Counts this call."""
+    if not route.take_over_after:
+        return False
+    key = _layout_key(exact_graph, q, k, v)
+    calls = _bucketed_calls.get(key, 0)
+    if calls == _TOOK_OVER:
+        return True
+    if calls + 1 >= route.take_over_after and plan_ready(exact_graph, [q, k, v]):
+        _bucketed_calls[key] = _TOOK_OVER
+        return True
+    if key in _bucketed_calls or len(_bucketed_calls) < _KEPT_LIMIT:
+        _bucketed_calls[key] = calls + 1
+    return False
