@@ -24,7 +24,7 @@ from torch import nn
 
 import cudnn
 
-from .. import settings
+from .. import settings, trace_constants
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
@@ -124,7 +124,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
     off_path = off_callers_path(q)  # Note [Attention off the caller's path]
-    if _buckets_on() and q.shape == k.shape == v.shape:
+    if trace_constants.attention_buckets_on() and q.shape == k.shape == v.shape:
         if not exact_plan_took_over(exact, q, k, v, off_path):
             return bucketed_sdpa(q, k, v, bool(causal), training, off_path)
         # else the exact plan took over, found built then: no second look
@@ -133,9 +133,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     return execute(exact, [q, k, v])[0]
 
 
-@torch.compiler.assume_constant_result
+@trace_constants.constant("attention_buckets_on")
 def _buckets_on() -> bool:
-    """The attention_buckets setting; read once per trace under torch.compile (a constant of the frame)."""
+    """The attention_buckets setting; read once per trace under torch.compile (a constant of the
+    frame: called as ``trace_constants.attention_buckets_on``, which marks it so without loading dynamo here)."""
     return bool(settings.get("attention_buckets"))
 
 
