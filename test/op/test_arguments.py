@@ -141,12 +141,20 @@ def test_cache_capacity_must_be_positive():
         tch.settings.set_graph_cache_capacity(0)
 
 
-def test_an_empty_input_list_is_named():
+def test_an_empty_input_list_is_named_with_what_a_call_takes():
+    """On either kind of machine: the graph's count, and both devices a call may run on."""
+    takes = "it takes 3 tensors: CUDA tensors, which cuDNN runs, or CPU tensors, which the reference interpreter runs"
     for call in (lambda: torch.ops.cudnn_fe.execute(LINEAR_RELU, []), lambda: tch.execute(LINEAR_RELU, [])):
-        with pytest.raises(ValueError, match="got no input tensors; pass at least one CUDA tensor"):
+        with pytest.raises(ValueError, match=f"graph 'linear_relu' got no input tensors; {takes}$"):
             call()
-    with pytest.raises(ValueError, match="got no input tensors"):
+    with pytest.raises(ValueError, match="got no input tensors; it takes 3 tensors"):
         torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [], out=[])
+    one = tch.register_graph(lambda g, x: g.relu(x), name="relu_of_one")
+    with pytest.raises(ValueError, match="graph 'relu_of_one' got no input tensors; it takes 1 tensor: CUDA"):
+        tch.execute(one, [])
+    any_count = tch.register_graph(lambda g, *xs: g.relu(xs[0]), name="relu_of_any")
+    with pytest.raises(ValueError, match="got no input tensors; it takes its inputs as tensors: CUDA"):
+        tch.execute(any_count, [])
 
 
 def test_inputs_on_several_devices_are_refused_even_when_one_is_meta():
