@@ -121,6 +121,12 @@ def test_there_are_blocks_to_run():
     assert len(blocks) >= 20 and len(on_cpu) * 2 > len(blocks), [b.label for b in blocks]
 
 
+def test_readme_blocks_run_on_a_cpu():
+    """README.md says its blocks run on a CPU too: none carries a tag that skips it there."""
+    tagged = [f"{b.label}: {' '.join(b.tags)}" for b in markdown.blocks("README.md") if b.language == RUNNABLE and b.tags]
+    assert not tagged, f"README.md's python blocks must run on a CPU (pick the device, as the others do): {tagged}"
+
+
 def _ci_commands() -> list:
     """The command lines of .ci/run: what is neither the shebang, a comment, ``set`` nor ``cd``."""
     lines = markdown.read(".ci/run").splitlines()

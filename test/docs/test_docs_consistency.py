@@ -64,6 +64,13 @@ def test_settings_page_names_every_setter_and_old_variable():
             assert name in text, name
 
 
+def test_every_table_ends_at_a_blank_line():
+    """Else Markdown renders the next line as one more row (README.md's module table once took a paragraph so)."""
+    run_on = [f"{path}:{line}: {text[:60]!r}" for path in markdown.documents() for line, text in markdown.lines_after_tables(path)
+              if text.strip()]
+    assert not run_on, "a table followed by a line that is not blank (add a blank line):\n" + "\n".join(run_on)
+
+
 def test_every_link_resolves():
     broken = []
     for path in markdown.documents():

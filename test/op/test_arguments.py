@@ -117,7 +117,7 @@ def test_unknown_graph_id_is_named():
 
 def test_wrong_number_of_inputs_is_named():
     x, w, _ = (t.to("meta") for t in _meta_linear_inputs())
-    with pytest.raises(ValueError, match="'linear_relu' takes 3 input tensors, got 2"):
+    with pytest.raises(ValueError, match=r"'linear_relu' takes 3 inputs \(one tensor per input of its builder\), got 2"):
         torch.ops.cudnn_fe.execute(LINEAR_RELU, [x, w])
 
 
@@ -141,12 +141,20 @@ def test_cache_capacity_must_be_positive():
         tch.settings.set_graph_cache_capacity(0)
 
 
-def test_an_empty_input_list_is_named():
+def test_an_empty_input_list_is_named_with_what_a_call_takes():
+    """On either kind of machine: the graph's count, and both devices a call may run on."""
+    takes = "it takes 3 tensors: CUDA tensors, which cuDNN runs, or CPU tensors, which the reference interpreter runs"
     for call in (lambda: torch.ops.cudnn_fe.execute(LINEAR_RELU, []), lambda: tch.execute(LINEAR_RELU, [])):
-        with pytest.raises(ValueError, match="got no input tensors; pass at least one CUDA tensor"):
+        with pytest.raises(ValueError, match=f"graph 'linear_relu' got no input tensors; {takes}$"):
             call()
-    with pytest.raises(ValueError, match="got no input tensors"):
+    with pytest.raises(ValueError, match="got no input tensors; it takes 3 tensors"):
         torch.ops.cudnn_fe.execute.out(LINEAR_RELU, [], out=[])
+    one = tch.register_graph(lambda g, x: g.relu(x), name="relu_of_one")
+    with pytest.raises(ValueError, match="graph 'relu_of_one' got no input tensors; it takes 1 tensor: CUDA"):
+        tch.execute(one, [])
+    any_count = tch.register_graph(lambda g, *xs: g.relu(xs[0]), name="relu_of_any")
+    with pytest.raises(ValueError, match="got no input tensors; it takes its inputs as tensors: CUDA"):
+        tch.execute(any_count, [])
 
 
 def test_inputs_on_several_devices_are_refused_even_when_one_is_meta():
@@ -275,7 +283,7 @@ def test_register_built_graph_pins_what_it_was_given(monkeypatch):
     monkeypatch.setattr(pinned, "built_graph_of", lambda *args, **kwargs: built)
     graph_id = tch.register_built_graph(object(), [None, None], [None], device="cuda:0", name="stand_in_built")
     assert tch.built_graphs(graph_id) == [built]
-    with pytest.raises(ValueError, match="graph 'stand_in_built' takes 2 input tensors, got 1"):
+    with pytest.raises(ValueError, match=r"graph 'stand_in_built' takes 2 inputs \(one tensor per input of its builder\), got 1"):
         tch.execute(graph_id, [torch.empty(1, 8, 8, device="meta", dtype=torch.float16)])
 
 

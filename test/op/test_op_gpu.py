@@ -315,7 +315,7 @@ def test_a_registered_built_graph_runs_and_checks_its_inputs():
         "dtype": ([x.float(), w, b], r"input 0 of graph 'prebuilt_linear' is float32\[2, 16, 32\].*built for float16\[2, 16, 32\]"),
         "shape": ([x[:, :8], w, b], r"input 0 .* is float16\[2, 8, 32\]"),
         "stride": ([x, w.mT.contiguous().mT, b], r"input 1 .* stride \[256, 1, 32\]"),
-        "count": ([x, w], "takes 3 input tensors, got 2"),
+        "count": ([x, w], r"takes 3 inputs \(one tensor per input of its builder\), got 2"),
         "cpu": ([x, w.cpu(), b], "input 1 .* is on cpu"),
     }
     for what, (inputs, message) in bad_calls.items():

@@ -106,6 +106,19 @@ def tables(path: str) -> Iterator[List[Dict[str, str]]]:
             yield rows
 
 
+def lines_after_tables(path: str) -> List[Tuple[int, str]]:
+    """(line, text), from 1, of the line right after each table's last row (a table that ends
+    the document has none). GitHub's Markdown ends a table at a blank line only: any other
+    line after its rows renders as one more row."""
+    found, lines, inside = [], read(path).splitlines(), False
+    for n, line in enumerate(lines, 1):
+        if line.startswith(FENCE):
+            inside = not inside
+        elif not inside and line.startswith("|") and n < len(lines) and not lines[n].startswith("|"):
+            found.append((n + 1, lines[n]))
+    return found
+
+
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

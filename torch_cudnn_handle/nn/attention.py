@@ -24,11 +24,12 @@ from torch import nn
 
 import cudnn
 
+from .. import trace_constants
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .attention_buckets import _mask, _scale, bucketed_sdpa
-from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in, traced_length_buckets
+from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
@@ -125,7 +126,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     exact = (SDPA_GRAPHS if training else SDPA_INFERENCE_GRAPHS)[bool(causal)]
     uniform = q.shape == k.shape == v.shape
     if torch.compiler.is_compiling():  # traced: what is built serves; buckets per the route's setting, a constant of the frame
-        if uniform and traced_length_buckets(exact):
+        if uniform and trace_constants.sdpa_length_buckets(exact):
             return bucketed_sdpa(q, k, v, bool(causal), training)
         return execute(exact, [q, k, v])[0]
     route = attention_route(exact, q, k, v, uniform)

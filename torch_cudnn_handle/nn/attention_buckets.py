@@ -37,6 +37,7 @@ from typing import Dict, Optional, Tuple
 import cudnn
 import torch
 
+from .. import trace_constants
 from ..op import execute
 from ..registry import Backward, BackwardOperand, Ragged, Route, register_graph
 from .attention_routes import torch_attention, torch_stands_in
@@ -110,10 +111,11 @@ _lock = threading.Lock()
 _graphs: Dict[Tuple[bool, int, bool], int] = {}  # (causal, bucket, training) -> graph id, for the process
 
 
-@torch.compiler.assume_constant_result
+@trace_constants.constant("sdpa_bucket_graph")
 def _graph(causal: bool, bucket: int, training: bool) -> int:
     """The registered graph of a bucket (registered on first use; an id lives for the process);
-    a constant of a compiled frame, not traced (it takes a lock)."""
+    a constant of a compiled frame, not traced (it takes a lock). Called as
+    ``trace_constants.sdpa_bucket_graph``, which marks it so without loading dynamo here."""
     key = (causal, bucket, training)
     with _lock:
         if key not in _graphs:
@@ -189,7 +191,7 @@ def bucketed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d):
         raise ValueError(f"bucketed sdpa: q, k and v must have one shape, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     operands = [_token_major(q), _token_major(k), _token_major(v), *_kept_lengths_and_offsets(b, s, h, d, q.device, training)]
-    graph = _graph(bool(causal), bucket_of(s), training)
+    graph = trace_constants.sdpa_bucket_graph(bool(causal), bucket_of(s), training)
     if route is not None and torch_stands_in(graph, operands, route):
         return torch_attention(q, k, v, causal)
     o = execute(graph, operands)[0]

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import registry, settings
+from .. import registry, settings, trace_constants
 from ..op import plan_ready, route_of
 from ..registry import TAKE_OVER_CALLS, Facts, Route
 
@@ -63,10 +63,11 @@ for _field in dataclasses.fields(registry.Resolved):  # a setting a route reads 
     settings.watch(_field.name, lambda _value: _settled.clear())
 
 
-@torch.compiler.assume_constant_result
+@trace_constants.constant("sdpa_length_buckets")
 def traced_length_buckets(exact_graph: int) -> bool:
     """Whether length buckets serve a traced self-attention call of ``exact_graph`` (its
-    route's ``buckets``): read once per trace, a constant of the compiled frame."""
+    route's ``buckets``): read once per trace, a constant of the compiled frame (called as
+    ``trace_constants.sdpa_length_buckets``, which marks it so without loading dynamo here)."""
     facts = Facts("shapes", compiling=True, uniform_lengths=True)
     return registry.route_for(exact_graph, None, (), (), facts).buckets == "length"
 

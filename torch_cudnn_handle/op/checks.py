@@ -67,10 +67,18 @@ def _device_inputs(graph_id: int, inputs: Sequence[torch.Tensor]) -> list:
     return [(i, t) for i, t in enumerate(inputs) if not is_host_scalar(t) or _ragged_offsets_of(graph_id, i) is not None]
 
 
+def _what_a_call_takes(graph_id: int) -> str:
+    """For a call with no inputs: what one takes, on either kind of machine."""
+    definition = registry.find_definition(graph_id)
+    count = None if definition is None else definition.num_inputs
+    how_many = "its inputs as tensors" if count is None else f"{count} tensor{'' if count == 1 else 's'}"
+    return f"it takes {how_many}: CUDA tensors, which cuDNN runs, or CPU tensors, which the reference interpreter runs"
+
+
 def call_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> torch.device:
     """The device a call runs on (see the module docstring); a clear error otherwise."""
     if not inputs:
-        raise ValueError(f"cudnn_fe.execute: graph {graph_label(graph_id)} got no input tensors; pass at least one CUDA tensor")
+        raise ValueError(f"cudnn_fe.execute: graph {graph_label(graph_id)} got no input tensors; {_what_a_call_takes(graph_id)}")
     on_device = _device_inputs(graph_id, inputs)
     for i, tensor in on_device:
         if tensor.dim() == 0:

@@ -15,7 +15,7 @@ from typing import List
 
 import torch
 
-from .. import registry
+from .. import registry, trace_constants
 from .._extension import _C
 from .bucket_check import check_padding
 from .checks import argument_error, graph_label
@@ -101,10 +101,11 @@ def execute_out(graph: int, inputs: List[torch.Tensor], *, out: List[torch.Tenso
         raise argument_error(graph, inputs=inputs, out=out) or error from None
 
 
-@torch._dynamo.assume_constant_result
+@trace_constants.constant("written_inputs")
 def _written_inputs(graph: int) -> tuple:
     """Which inputs the graph writes in place (its record's), read once per trace: a
-    constant of the compiled frame, not a graph break."""
+    constant of the compiled frame, not a graph break (called as
+    ``trace_constants.written_inputs``, which marks it for dynamo without loading dynamo here)."""
     return tuple(input_ for _, input_ in _C.in_place_writes(graph))
 
 
@@ -123,7 +124,7 @@ def execute_(graph: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     except TypeError as error:
         raise argument_error(graph, inputs=inputs) or error from None
     if routed or torch.compiler.is_compiling():
-        written_at = _written_inputs(graph)
+        written_at = trace_constants.written_inputs(graph)
         if not written_at:
             raise ValueError(
                 f"cudnn_fe.execute_: graph {graph_label(graph)} writes none of its inputs in place; register it with "

@@ -77,7 +77,9 @@ def positional_arity(builder) -> Optional[int]:
 
 def check_arity(definition: Definition, count: int) -> None:
     if definition.num_inputs is not None and count != definition.num_inputs:
-        raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {definition.num_inputs} input tensors, got {count}")
+        n = definition.num_inputs
+        raise ValueError(f"cudnn_fe.execute: graph {definition.name!r} takes {n} input{'' if n == 1 else 's'} (one tensor per input of "
+                         f"its builder), got {count}")
 
 
 # Note [Graph ids]: an id is unique in the process, whichever table holds it (a graph's
