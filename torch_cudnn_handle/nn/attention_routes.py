@@ -104,7 +104,7 @@ def torch_stands_in(graph_id: int, operands: list, route: Route) -> bool:
     key = _ready_key(graph_id, operands)
     if key in _ready:
         return False
-    if not plan_ready(graph_id, operands):
+    if not plan_ready(graph_id, operands, route.stand_in):
         return True
     if len(_ready) < _KEPT_LIMIT:
         _ready.add(key)
@@ -128,7 +128,7 @@ def exact_plan_took_over(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: 
     calls = _bucketed_calls.get(key, 0)
     if calls == _TOOK_OVER:
         return True
-    if calls + 1 >= route.take_over_after and plan_ready(exact_graph, [q, k, v]):
+    if calls + 1 >= route.take_over_after and plan_ready(exact_graph, [q, k, v], route.stand_in):
         _bucketed_calls[key] = _TOOK_OVER
         return True
     if key in _bucketed_calls or len(_bucketed_calls) < _KEPT_LIMIT:

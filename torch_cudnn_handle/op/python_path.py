@@ -34,25 +34,25 @@ from .checks import call_device, check_in_place, check_out, check_out_overlap, r
 __all__ = ["built_for_call", "plan_ready", "execute", "execute_out", "execute_in_place"]
 
 
-def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True):
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: str = "interpreter"):
     """The graph built for these inputs; ``call``: the op runs it now (a pending native
     hand-over happens first), else only its layout is wanted. None while the graph builds
-    off the call's path: the caller runs the interpreter instead."""
+    off the call's path, where its route says: the caller's ``stand_in`` serves instead."""
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
     key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
     return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
-                              stand_in="interpreter")
+                              stand_in=stand_in)
 
 
-def plan_ready(graph_id: int, inputs: Sequence[torch.Tensor]) -> bool:
+def plan_ready(graph_id: int, inputs: Sequence[torch.Tensor], stand_in: str) -> bool:
     """Whether ``graph_id``'s plan for these CUDA inputs is built. False while it builds off
     the caller's path (one is started if none is in flight: Note [Builds off the caller's
     path]), so a caller with its own stand-in (nn.sdpa: torch's attention) serves the call;
     where the caller's path must build (the setting off, deterministic algorithms, a
     capture) it is built now, or refused, as a call would be."""
-    return built_for_call(graph_id, inputs, call=False) is not None
+    return built_for_call(graph_id, inputs, call=False, stand_in=stand_in) is not None
 
 
 # Plans are built for 16-byte aligned operands (the frontend sets no lower alignment,
