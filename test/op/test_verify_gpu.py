@@ -3,6 +3,7 @@ interpreter on its device. No false alarm on the upstream graphs, and the wrong 
 of Note [Pointwise broadcasts] flagged when the graph is built as written (the workaround
 switched off for the test). test_verify.py has the rule and the report on the CPU."""
 
+import dataclasses
 import types
 
 import cudnn
@@ -14,7 +15,7 @@ from conftest import skip_where_cudnn_lacks_engines
 from support.upstream_graphs import GRAPHS
 from torch_cudnn_handle import settings, stats
 from torch_cudnn_handle.op import verify
-from torch_cudnn_handle.registry import describe as describing
+from torch_cudnn_handle.registry import describe as describing, routes
 
 pytestmark = pytest.mark.gpu
 
@@ -116,21 +117,23 @@ def test_never_during_a_capture_and_counted():
     inputs = _fma_inputs(torch.float16)
     tch.execute(graph_id, inputs)
     (built,) = tch.built_graphs(graph_id)
+    verified = dataclasses.replace(built, route=dataclasses.replace(built.route, verify=True))  # as verify on had routed it
     before = stats.verify()["skipped"].get("CUDA-graph capture", 0)
     graph = torch.cuda.CUDAGraph()
-    with settings.override(verify=True), torch.cuda.graph(graph):
-        assert verify.first_execution(graph_id, built, inputs) is None
+    with torch.cuda.graph(graph):
+        assert verify.first_execution(graph_id, verified, inputs) is None
     assert stats.verify()["skipped"]["CUDA-graph capture"] == before + 1
 
 
-def test_off_a_first_execution_reads_the_setting_once_and_checks_nothing(monkeypatch):
+def test_off_a_layout_reads_the_setting_once_and_checks_nothing(monkeypatch):
     checked = stats.verify()["checked"]
     reads = []
     counting = types.SimpleNamespace(get=lambda name: (reads.append(name), settings.get(name))[1])
     graph_id = tch.register_graph(fma, name="fma_off")
     inputs = _fma_inputs(torch.float16)
     with settings.override(verify=False):  # whatever the environment says
-        monkeypatch.setattr(verify, "settings", counting)  # verify mode's reads of the settings, counted
+        monkeypatch.setattr(routes, "settings", counting)  # the route's reads of the settings, counted
         for _ in range(3):
             tch.execute(graph_id, inputs)
-    assert reads == ["verify"] and stats.verify()["checked"] == checked  # the first launch's branch, nowhere else
+    assert reads.count("verify") == 1 and stats.verify()["checked"] == checked  # when the layout's route was decided, nowhere else
+    assert not tch.built_graphs(graph_id)[0].route.verify

@@ -167,8 +167,8 @@ def _refuse_integer_default(definition: Definition, specs, error: Exception) -> 
         raise ValueError(
             f"cudnn_fe.execute: graph {definition.name!r} has integer inputs only, so it computes in {compute} by default "
             f"(float32 would round values above 2**24), and cuDNN built no plan for it that way ({type(error).__name__}: "
-            f"{error}). Register it with compute_data_type=torch.float32 to compute in float32 (exact below 2**24), or "
-            "call it with floating-point tensors"
+            f"{error}). Register it with compute_data_type=torch.float32 to compute in float32 (exact below 2**24; cuDNN 9.19 "
+            "takes int32 tensors so, not int64), or call it with floating-point tensors"
         ) from error
 
 

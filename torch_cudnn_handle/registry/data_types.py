@@ -13,7 +13,9 @@ An all-integer graph (integer device inputs, none floating) computes in an integ
 by default, intermediates too: INT64 when an input is int64, else INT32. In float32 it
 would round every value above 2**24 silently (a relu of int64 16777217 gave 16777216),
 on cuDNN and on the interpreter alike. ``compute_data_type=torch.float32`` asks for the
-float computation (a graph that needs it: an exp of integers).
+float computation (a graph that needs it: an exp of integers). On cuDNN 9.19 no engine
+takes a pointwise graph computing in INT32 or INT64 (H200: relu, add, max), so there such a
+graph is refused naming that fix (build.py); the interpreter computes it exactly.
 """
 
 from __future__ import annotations
