@@ -27,10 +27,9 @@ import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = [
-    "SETTINGS", "Setting", "SettingError", "check_all", "get", "set", "reset", "override", "resolve", "watch", "usable_directory",
-    "set_native_path", "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store",
-    "set_plan_store_dir", "set_plan_tuning", "set_tuning_file", "set_graph_cache_capacity", "set_background_builds", "set_build_process", "set_attention_buckets",
-    "set_verify", "set_reference_path",
+    "SETTINGS", "Setting", "SettingError", "check_all", "get", "set", "reset", "override", "resolve", "watch", "usable_directory", "set_native_path",
+    "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store", "set_plan_store_dir", "set_plan_tuning", "set_tuning_file",
+    "set_graph_cache_capacity", "set_stand_in_calls", "set_background_builds", "set_build_process", "set_attention_buckets", "set_verify", "set_reference_path",
 ]
 
 _TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
@@ -40,7 +39,7 @@ _TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
 class Setting:
     name: str
     variable: str
-    kind: str  # "bool" | "choice" | "int" | "directory" | "file"
+    kind: str  # "bool" | "choice" | "int" (at least 1) | "count" (at least 0) | "directory" | "file"
     default: Any
     meaning: str
     choices: Tuple[str, ...] = ()
@@ -50,7 +49,8 @@ class Setting:
         return " or ".join(map(repr, self.choices)) if self.kind == "choice" else _ACCEPTS[self.kind]
 
 
-_ACCEPTS = dict(bool="0/1/true/false/on/off (any case)", int="a positive integer (at least 1)", directory="a directory path", file="a file path")
+_ACCEPTS = dict(bool="0/1/true/false/on/off (any case)", int="a positive integer (at least 1)", count="a whole number (0 or more)",
+                directory="a directory path", file="a file path")
 
 
 class SettingError(ValueError):
@@ -77,8 +77,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("tuning_file", "TORCH_CUDNN_HANDLE_TUNING_FILE", "file", os.path.join(_CACHE, "plan_tuning.json"),
             "the JSON file that keeps tuned plan choices", old_variables=("TORCH_CUDNN_HANDLE_TUNING_CACHE",)),
     Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024, "built graphs kept in memory; the least recently used is evicted first"),
+    Setting("stand_in_calls", "TORCH_CUDNN_HANDLE_STAND_IN_CALLS", "count", 0,
+            "a new layout's first N calls run in torch ops while its plan builds off the caller's path; call N+1 waits for it (reproducible)"),
     Setting("background_builds", "TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS", "bool", False,
-            "a new layout's first calls run in torch ops while its plan builds on a background thread (Note [Builds off the caller's path])"),
+            "serving mode: torch ops serve a new layout until its plan, built on a background thread, is ready (which calls: the build's timing)"),
     Setting("build_process", "TORCH_CUDNN_HANDLE_BUILD_PROCESS", "bool", True,
             "background builds run cuDNN's build in a helper process, so this process's Python does not wait on it (Note [The build process])"),
     Setting("attention_buckets", "TORCH_CUDNN_HANDLE_ATTENTION_BUCKETS", "bool", False,
@@ -109,7 +111,7 @@ def _parse(setting: Setting, text: str, where: str) -> Any:
         return value.lower() in _TRUE
     if setting.kind == "choice" and value in setting.choices:
         return value
-    if setting.kind == "int" and value.isdigit() and int(value) >= 1:
+    if setting.kind in ("int", "count") and value.isdigit() and int(value) >= (setting.kind == "int"):
         return int(value)
     if setting.kind in ("directory", "file"):
         return os.path.expanduser(value)
@@ -159,11 +161,8 @@ def resolve(name: str, per_graph: Optional[Any]) -> Any:
 
 
 def _checked(setting: Setting, value: Any) -> Any:
-    if setting.kind == "bool" and isinstance(value, bool):
-        return value
-    if setting.kind == "choice" and value in setting.choices:
-        return value
-    if setting.kind == "int" and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if (setting.kind == "bool" and isinstance(value, bool)) or (setting.kind == "choice" and value in setting.choices) or (
+            setting.kind in ("int", "count") and isinstance(value, int) and not isinstance(value, bool) and value >= (setting.kind == "int")):
         return value
     if setting.kind in ("directory", "file") and isinstance(value, (str, os.PathLike)):
         return os.path.expanduser(os.fspath(value))
@@ -239,8 +238,7 @@ def usable_directory(name: str) -> Optional[str]:
     directory = os.path.abspath(path if setting.kind == "directory" else os.path.dirname(os.path.abspath(path)))
     try:
         os.makedirs(directory, exist_ok=True)
-        writable = os.access(directory, os.W_OK | os.X_OK)
-        problem = None if writable else "it is not writable"
+        problem = None if os.access(directory, os.W_OK | os.X_OK) else "it is not writable"
     except OSError as error:
         problem = f"it cannot be created ({error.strerror or error})"
     if problem is None:
@@ -283,7 +281,8 @@ set_plan_store_dir = _setter("plan_store_dir", "The plan store's directory")
 set_plan_tuning = _setter("plan_tuning", "Tune graphs built from now on (tune=False graphs excepted)")
 set_tuning_file = _setter("tuning_file", "The JSON file tuned choices persist in")
 set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graphs are kept (least recently used evicted first)")
-set_background_builds = _setter("background_builds", "Build new layouts off the caller's path, the torch interpreter serving their calls meanwhile")
+set_stand_in_calls = _setter("stand_in_calls", "A new layout's first N calls on a stand-in while its plan builds; call N+1 waits (0: build in the call)")
+set_background_builds = _setter("background_builds", "Serving mode: a stand-in serves a new layout until its plan, built off the caller's path, is ready")
 set_build_process = _setter("build_process", "Run background builds of backend-only graphs in a helper process")
 set_attention_buckets = _setter("attention_buckets", "Serve nn.sdpa's new lengths from one plan per length bucket")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")

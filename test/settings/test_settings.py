@@ -12,7 +12,8 @@ from torch_cudnn_handle import settings
 from torch_cudnn_handle.settings import SETTINGS
 
 BOOLS = [s for s in SETTINGS if s.kind == "bool"]
-BAD = {"bool": ["yes", "2", "abc", "enable", "t"], "choice": ["first_call", "Build", "1"], "int": ["0", "-3", "1.5", "many"]}
+BAD = {"bool": ["yes", "2", "abc", "enable", "t"], "choice": ["first_call", "Build", "1"], "int": ["0", "-3", "1.5", "many"],
+       "count": ["-1", "1.5", "many"]}
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +27,7 @@ def test_one_row_per_setting_and_per_variable():
     assert len({s.name for s in SETTINGS}) == len(SETTINGS)
     variables = [v for s in SETTINGS for v in (s.variable, *s.old_variables)]
     assert len(set(variables)) == len(variables) and all(v.startswith("TORCH_CUDNN_HANDLE_") for v in variables)
-    assert all(s.meaning and s.kind in ("bool", "choice", "int", "directory", "file") for s in SETTINGS)
+    assert all(s.meaning and s.kind in ("bool", "choice", "int", "count", "directory", "file") for s in SETTINGS)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
@@ -59,8 +60,9 @@ def test_an_empty_value_counts_as_unset(monkeypatch):
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
 def test_the_setter_wins_over_the_environment_and_returns_the_previous_value(setting, monkeypatch):
     choices = setting.choices or ("",)
-    value = {"bool": not setting.default, "choice": choices[-1], "int": 7, "directory": "/tmp/d", "file": "/tmp/f.json"}[setting.kind]
-    env_text = {"bool": "1" if setting.default is False else "0", "choice": choices[0], "int": "3", "directory": "/tmp/e", "file": "/tmp/e.json"}[setting.kind]
+    value = {"bool": not setting.default, "choice": choices[-1], "int": 7, "count": 0, "directory": "/tmp/d", "file": "/tmp/f.json"}[setting.kind]
+    env_text = {"bool": "1" if setting.default is False else "0", "choice": choices[0], "int": "3", "count": "5", "directory": "/tmp/e",
+                "file": "/tmp/e.json"}[setting.kind]
     monkeypatch.setenv(setting.variable, env_text)
     from_env = settings.get(setting.name)
     setter = getattr(settings, f"set_{setting.name}")
@@ -74,7 +76,7 @@ def test_the_setter_wins_over_the_environment_and_returns_the_previous_value(set
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
 def test_a_setter_refuses_what_is_not_its_kind_and_changes_nothing(setting):
     before = settings.get(setting.name)
-    wrong = {"bool": "yes", "choice": "nope", "int": 0, "directory": 3, "file": None}[setting.kind]
+    wrong = {"bool": "yes", "choice": "nope", "int": 0, "count": -1, "directory": 3, "file": None}[setting.kind]
     with pytest.raises((TypeError, ValueError), match=f"{setting.name} takes"):
         settings.set(setting.name, wrong)
     assert settings.get(setting.name) == before

@@ -17,9 +17,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 from .. import registry
 from ..registry import hint_specs, is_host_scalar
-from .checks import cuda_ordinal
+from .checks import call_device, cuda_ordinal, key_specs
 from .eager import execute
-from .python_path import built_for_call
 from .reference import description_for
 
 __all__ = ["backward", "run_declared_backward"]
@@ -71,7 +70,8 @@ def _output_positions(graph_id: int, operands: Sequence[torch.Tensor]) -> tuple:
     builder output each is does not depend on sizes, so hints: no specialization. Real CPU
     tensors: the description the CPU kernel just ran (reference.py)."""
     if all((t.is_cuda or is_host_scalar(t)) and not is_fake(t) for t in operands):
-        built = built_for_call(graph_id, operands, call=False)  # a hit: execute() just built it
+        built = registry.kept_graph(graph_id, call_device(graph_id, operands).index, operands, key_specs(operands),
+                                    torch.are_deterministic_algorithms_enabled())
         if built is not None:
             return built.layout.output_positions
         return description_for(graph_id, operands, operands[0].device).layout.output_positions  # building: the stand-in's

@@ -75,6 +75,11 @@ def _what_a_call_takes(graph_id: int) -> str:
     return f"it takes {how_many}: CUDA tensors, which cuDNN runs, or CPU tensors, which the reference interpreter runs"
 
 
+def key_specs(inputs: Sequence[torch.Tensor]) -> tuple:
+    """The graph cache's hot key of a call's inputs: (shape, stride, dtype, is_cpu) each (is_cpu: a host scalar)."""
+    return tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)
+
+
 def call_device(graph_id: int, inputs: Sequence[torch.Tensor]) -> torch.device:
     """The device a call runs on (see the module docstring); a clear error otherwise."""
     if not inputs:

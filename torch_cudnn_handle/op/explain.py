@@ -18,7 +18,7 @@ from .. import registry
 from .._extension import _C
 from ..native import capturing
 from ..registry import Facts, Route
-from .checks import call_device
+from .checks import call_device, key_specs
 
 __all__ = ["route_of", "explain"]
 
@@ -31,8 +31,7 @@ def route_of(graph_id: int, inputs: Sequence[torch.Tensor], *, stand_in: str = "
     kind = "shapes" if fake else device.type
     facts = Facts(kind, torch.are_deterministic_algorithms_enabled(), kind == "cuda" and capturing(device.index),
                   torch.compiler.is_compiling(), stand_in, uniform_lengths, _C.with_cuda)
-    key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)
-    return registry.route_for(graph_id, device.index if kind == "cuda" else None, inputs, key_specs, facts)
+    return registry.route_for(graph_id, device.index if kind == "cuda" else None, inputs, key_specs(inputs), facts)
 
 
 def explain(target, inputs: Sequence[torch.Tensor], **options) -> Route:

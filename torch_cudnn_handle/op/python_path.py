@@ -29,7 +29,7 @@ from .._extension import _C
 from ..pool import current_handle
 from ..registry import TensorSpec, materialize
 from . import bool_operands, reference, verify
-from .checks import call_device, check_in_place, check_out, check_out_overlap, refuse_off_gpu
+from .checks import call_device, check_in_place, check_out, check_out_overlap, key_specs, refuse_off_gpu
 
 __all__ = ["built_for_call", "plan_ready", "execute", "execute_out", "execute_in_place"]
 
@@ -41,8 +41,7 @@ def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = T
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
-    key_specs = tuple((t.shape, t.stride(), t.dtype, t.is_cpu) for t in inputs)  # is_cpu: a host scalar (checked above)
-    return registry.built_for(graph_id, device.index, inputs, key_specs, torch.are_deterministic_algorithms_enabled(), call=call,
+    return registry.built_for(graph_id, device.index, inputs, key_specs(inputs), torch.are_deterministic_algorithms_enabled(), call=call,
                               stand_in=stand_in)
 
 

@@ -49,7 +49,7 @@ __all__ = [
     "Route", "Facts", "Resolved", "TAKE_OVER_CALLS",
     "Definition", "register_graph", "register_built_graph", "graph_name", "built_graphs",
     # package-public: the op, the stats and the tests read these
-    "definition", "find_definition", "definitions", "differentiable", "built_for", "route_for", "layout", "description", "wait_for_builds", "record_first_execution", "count_call",
+    "definition", "find_definition", "definitions", "differentiable", "built_for", "route_for", "kept_graph", "layout", "description", "wait_for_builds", "record_first_execution", "count_call",
     "graph_stats", "BUCKETED", "BUCKET_RULES",
     # the op's helpers from the registry's modules (the op imports the registry's face only)
     "materialize", "padded", "narrowed", "is_host_scalar", "torch_dtype_of", "hint_specs", "is_symbolic", "output_layouts",
@@ -124,6 +124,7 @@ def register_graph(
     reference: Optional[bool] = None,
     background_builds: Optional[bool] = None,
     buckets: Optional[Buckets] = None,
+    stand_in_calls: Optional[int] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes (the same
@@ -145,9 +146,8 @@ def register_graph(
     * ``views``: natural operands (``OperandViews``, registry/operand_views.py); ``ragged``:
       packed ``[T, H, D]`` inputs with ragged offsets (``Ragged``, registry/ragged.py);
       ``in_place={output: input}``: outputs written into inputs, run with ``execute_``.
-    * ``tune``, ``dynamic_shapes``, ``background_builds``: per-graph choices over the
-      settings of those names (the last: a new layout's first calls run on the torch
-      interpreter while it builds, Note [Builds off the caller's path]);
+    * ``tune``, ``dynamic_shapes``, ``stand_in_calls``, ``background_builds``: over the
+      settings of those names (Note [A new layout's first calls] for the last two);
       ``buckets``: a ``Buckets`` naming input dims that take any size, zero-padded to a
       bucket so a plan per bucket serves every size (Note [Size buckets], buckets.py);
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
@@ -178,7 +178,7 @@ def register_graph(
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
-        background_builds=background_builds, buckets=buckets,
+        background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls,
     )
     if buckets is not None:
         global BUCKET_RULES
@@ -247,8 +247,12 @@ def built_for(graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_sp
 def route_for(graph_id: int, device: Optional[int], inputs: Sequence[torch.Tensor], key_specs: tuple, facts: Facts) -> Route:
     """The route of a call with these inputs and ``facts``: the one kept on its built graph
     where this layout of a CUDA call is built, else decided now (Note [One route per call]); builds nothing."""
-    kept = _graph_cache.kept_route(graph_id, device, inputs, key_specs, facts.deterministic) if facts.device == "cuda" else None
-    return kept if kept is not None else decide(_definitions.get(graph_id), Resolved.now(), facts)
+    kept = kept_graph(graph_id, device, inputs, key_specs, facts.deterministic) if facts.device == "cuda" else None
+    return kept.route if kept is not None else decide(_definitions.get(graph_id), Resolved.now(), facts)
+
+
+def kept_graph(graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool) -> Optional[BuiltGraph]:
+    return _graph_cache.kept(graph_id, device, inputs, key_specs, deterministic)  # nothing built, counted or handed over
 
 
 def layout(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int] = None) -> GraphLayout:

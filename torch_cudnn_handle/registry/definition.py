@@ -52,7 +52,8 @@ class Definition:
     ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
     views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
     reference: Optional[bool] = None  # CUDA calls run on the torch interpreter, never cuDNN; None: the reference_path setting
-    background_builds: Optional[bool] = None  # a new layout builds off the caller's path (graph_cache.py); None: the setting
+    background_builds: Optional[bool] = None  # serving mode: a stand-in until the plan is ready (routes.py); None: the setting
+    stand_in_calls: Optional[int] = None  # a new layout's first N calls on a stand-in, N+1 waits (routes.py); None: the setting
     buckets: Optional[Buckets] = None  # dims that take any size, padded to a bucket (buckets.py)
 
     @property
@@ -201,6 +202,7 @@ class Definitions:
         self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
         output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
         reference: Optional[bool] = None, background_builds: Optional[bool] = None, buckets: Optional[Buckets] = None,
+        stand_in_calls: Optional[int] = None,
     ) -> int:
         """Check a registration and add its definitions (the forward's, and a backward
         graph's); returns the forward's id, its record declared in C++."""
@@ -216,6 +218,8 @@ class Definitions:
         for option, value in (("reference", reference), ("background_builds", background_builds)):
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"register_graph: {option} must be True, False or None (the setting), got {value!r}")
+        if stand_in_calls is not None and (not isinstance(stand_in_calls, int) or isinstance(stand_in_calls, bool) or stand_in_calls < 0):
+            raise TypeError(f"register_graph: stand_in_calls must be a whole number (0 or more) or None (the setting), got {stand_in_calls!r}")
         if not isinstance(params, Mapping):
             raise TypeError(f"register_graph: params must be a dict of the builder's keyword arguments, got {type(params).__name__}")
         name = name or getattr(builder, "__name__", "graph")
@@ -246,11 +250,12 @@ class Definitions:
                 name=f"{name}_backward", builder=backward.builder, params=dict(params), num_inputs=backward_arity,
                 tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
                 views=backward.views, reference=reference, background_builds=background_builds,  # the backward graph's too
+                stand_in_calls=stand_in_calls,
             )
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
             tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
-            reference=reference, background_builds=background_builds, buckets=buckets,
+            reference=reference, background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls,
         )
         backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
                                 backward_arity=backward_arity, in_place=writes)

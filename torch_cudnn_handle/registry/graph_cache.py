@@ -14,14 +14,12 @@
     and evicted.
   * Recency: one clock, CLOCK_MONOTONIC ns: the Python path stamps each hit; eviction also
     reads a native plan's last run from the extension, stamped on the same clock.
-  * Note [Builds off the caller's path]: where the route names a stand-in (the
-    ``background_builds`` rule: routes.py), a call does not wait for its layout's first
-    build: one of two build threads builds it (cuDNN's part in a build process where the
-    route allows: Note [The build process], plans/build_process.py), and calls at that
-    layout run on the stand-in until it is done; a call whose route has none (a
-    deterministic one, a capture) waits for the build in flight. A failed background build
-    is not retried there: the next call builds in its own path and raises the error. The
-    stand-in's results agree with the plan's within the engines' numerics, not bitwise.
+  * Note [Builds off the caller's path]: where the route names a stand-in, a layout's first
+    build runs on one of two build threads (cuDNN's part in a build process where the route
+    allows: Note [The build process]), and the stand-in serves the calls the route says (Note
+    [A new layout's first calls], first_calls.py); a call whose route has none (deterministic,
+    a capture) waits for a build in flight. A failed background build is not retried there:
+    the next call builds in its own path and raises the error.
   * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for builds in flight: a daemon
     thread in a cuDNN build while Python finalizes can crash it (SIGSEGV, H200). Built graphs
     live until evicted (or dropped at exit); a call running one holds a reference, and a
@@ -43,8 +41,9 @@ import torch
 from .. import settings
 from .._extension import _C
 from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam the CPU tests replace
-from .build import REFERENCE_SOURCE, REGISTERED_ROUTE, BuiltGraph, build
+from .build import REFERENCE_SOURCE, BuiltGraph, build
 from .definition import Definition, Definitions, check_arity
+from .first_calls import FirstCalls
 from .pinned import PinnedGraphs
 from .plans import build_process
 from .routes import Facts, Resolved, Route, decide
@@ -55,18 +54,15 @@ __all__ = ["GraphCache", "EXIT_WAIT_SECONDS"]
 EXIT_WAIT_SECONDS = 30.0  # the longest the exit hook waits for builds in flight (a fused linear builds in ~1.5 s)
 
 
-def _relaxed_build_thread() -> None:
-    """A build thread is part of no CUDA-graph capture: cuDNN's allocations there must not
-    end a capture another thread makes in global mode (one that waits for this build)."""
-    if _C.with_cuda:
-        _C.relax_capture_mode_for_this_thread()
-
-
 class _Entry:
-    __slots__ = ("built", "used_ns")
+    __slots__ = ("built", "used_ns", "stand_in_left")
 
-    def __init__(self, built: BuiltGraph):
-        self.built, self.used_ns = built, time.monotonic_ns()
+    def __init__(self, built: BuiltGraph, stand_in_left: int = 0):
+        # stand_in_left: calls its route's stand-in still serves (Note [A new layout's first calls])
+        self.built, self.used_ns, self.stand_in_left = built, time.monotonic_ns(), stand_in_left
+
+
+_MISS = object()  # _hit's answer for a key not built
 
 
 class GraphCache:
@@ -78,8 +74,7 @@ class GraphCache:
         self._lock = threading.Lock()
         self._entries: Dict[tuple, _Entry] = {}
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
-        self._foreground_only: set = set()  # keys whose background build failed: built in the caller's path
-        self._builder: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._first_calls = FirstCalls()  # the build threads; the stand-in's calls per layout (first_calls.py)
         self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0, stand_in_calls=0)
         self._calls: "collections.Counter[str]" = collections.Counter()  # calls that reached Python, by route label (routes.py)
         self._plan_sources: "collections.Counter[str]" = collections.Counter()  # graphs obtained per plan source (plans/)
@@ -97,8 +92,8 @@ class GraphCache:
         ("interpreter", "torch_attention"); None while it does (the route's choice)."""
         key = (graph_id, device, key_specs, deterministic)
         built = self._hit(key)
-        if built is not None:
-            return self._reused(built) if call else built
+        if built is not _MISS:
+            return self._reused(built) if call and built is not None else built
         definition = self.definitions.get(graph_id)
         if definition.is_built:
             return self.pinned.for_call(definition, device, inputs)
@@ -110,31 +105,40 @@ class GraphCache:
             specs = definition.call_specs(specs)
             key = (graph_id, device, specs, deterministic)
         facts = Facts("cuda", deterministic, _capturing(device), stand_in=stand_in, with_cuda=_C.with_cuda,
-                      background_failed=key in self._foreground_only)
+                      background_failed=self._first_calls.failed_before(key))
         return self._build_once(key, definition, device, specs, call, decide(definition, Resolved.now(), facts))
 
-    def kept_route(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool):
-        """The route kept on the graph built for this call's key, or None (not built yet); counts nothing, builds nothing."""
+    def kept(self, graph_id: int, device: int, inputs: Sequence[torch.Tensor], key_specs: tuple, deterministic: bool):
+        """The graph built for this call's key, or None (not built yet); counts nothing, builds nothing."""
         definition = self.definitions.get(graph_id)  # an unknown id: the registry's error
+        if definition.is_built:
+            return self.pinned.get(graph_id)
         specs = key_specs if definition.ragged is None else definition.call_specs(tuple(map(TensorSpec.of, inputs)))
         entry = self._entries.get((graph_id, device, specs, deterministic))  # one dict read: atomic under the GIL
-        return REGISTERED_ROUTE if definition.is_built else None if entry is None else entry.built.route
+        return None if entry is None else entry.built
 
-    def _hit(self, key) -> Optional[BuiltGraph]:
+    def _hit(self, key):
+        """The built graph of ``key``, None for a call its stand-in still serves, or _MISS."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                return None
-            entry.used_ns = time.monotonic_ns()
-            self._counters["hits"] += 1
+            return _MISS if entry is None else self._served(entry)
+
+    def _served(self, entry: "_Entry") -> Optional[BuiltGraph]:
+        """A found entry's answer to a call (under the lock): its graph, or None while its stand-in serves."""
+        entry.used_ns = time.monotonic_ns()
+        self._counters["hits"] += 1
+        if not entry.stand_in_left or _capturing(entry.built.device):  # a captured call: the plan, never a stand-in
             return entry.built
+        entry.stand_in_left -= 1
+        self._counters["stand_in_calls"] += 1
+        self._calls[entry.built.route.label] += 1
+        return None
 
     def _build_once(self, key, definition: Definition, device: int, specs, call: bool, route: Route) -> Optional[BuiltGraph]:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
-                entry.used_ns = time.monotonic_ns()
-                self._counters["hits"] += 1
+                served = self._served(entry)
             else:
                 self._counters["misses"] += 1
                 future = self._in_flight.get(key)
@@ -142,10 +146,13 @@ class GraphCache:
                 if owner:
                     future = self._in_flight[key] = concurrent.futures.Future()
                 background = owner and route.build_on == "build_thread"
+                if background:
+                    self._first_calls.first(key, route)
+                stand_in = route.stand_in and not owner and self._first_calls.stands_in(key, route, future)
         if entry is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
-            return self._reused(entry.built) if call else entry.built
-        if not owner:  # a concurrent first call: its build's result (or error), run as a first call
-            return self._stood_in(route) if route.stand_in and not future.done() else future.result()
+            return self._reused(served) if call and served is not None else served
+        if not owner:  # a concurrent first call: the stand-in, or its build's result (or error), run as a first call
+            return self._stood_in(route) if stand_in else future.result()
         if route.build_on == "refused":
             error = RuntimeError(
                 f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
@@ -154,7 +161,7 @@ class GraphCache:
             self._fail(key, future, error)
             raise error
         if background:  # Note [Builds off the caller's path]: the stand-in serves this call
-            self._background().submit(self._run_build, key, definition, device, specs, future, route, True)
+            self._first_calls.submit(self._run_build, key, definition, device, specs, future, route, True)
             return self._stood_in(route, started_a_build=True)
         return self._run_build(key, definition, device, specs, future, route)
 
@@ -178,7 +185,7 @@ class GraphCache:
             self._plan_sources[built.plan_source] += 1
             self._plan_seconds += built.build_seconds
             self._phase_seconds.update(built.phase_seconds or {})
-            self._entries[key] = _Entry(built)
+            self._entries[key] = _Entry(built, self._first_calls.left(key, route))
             del self._in_flight[key]
         self.evict_over_capacity()
         future.set_result(built)
@@ -188,17 +195,8 @@ class GraphCache:
         """A build that raised is not kept (a failed background build's key builds in the caller's path next)."""
         with self._lock:
             del self._in_flight[key]
-            if background:
-                self._foreground_only.add(key)
+            self._first_calls.forget(key, failed_off_path=background)
         future.set_exception(error)
-
-    def _background(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The build threads, one per build process (each waits on one), made on first use (the exit hook waits for them)."""
-        with self._lock:
-            if self._builder is None:
-                self._builder = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
-                                                                      initializer=_relaxed_build_thread)
-            return self._builder
 
     def _reused(self, built: BuiltGraph) -> BuiltGraph:
         """``built``, found built for a call: its binding may hand it over now (its second call)."""

@@ -47,6 +47,7 @@ class Resolved:
     dynamic_shapes: bool = False
     plan_tuning: bool = False
     background_builds: bool = False
+    stand_in_calls: int = 0
     attention_buckets: bool = False
     native_path: bool = True
     native_hand_over: str = "build"
@@ -81,6 +82,7 @@ class Route:
     deterministic: bool = False  # among the engines cuDNN does not mark nondeterministic
     build_on: str = ""  # "caller" (the call waits) | "build_thread" (a stand-in serves) | "refused" (a capture) | "" (nothing to build)
     stand_in: str = ""  # who serves the calls while the plan builds: "interpreter", "torch_attention"; "": they wait
+    stand_in_calls: int = 0  # how many: N (a layout's first N calls; call N+1 waits: reproducible), -1 (until ready: timing), 0
     native: str = "never"  # when the native path takes the plan: "at_build" | "second_call" | "never"
     verify: bool = False  # the plan's first launch checked against the interpreter
     buckets: str = ""  # "size" (register_graph(buckets=)) | "length" (nn.sdpa's attention_buckets) | ""
@@ -94,7 +96,7 @@ class Route:
             return self.runs_on + ("/length_buckets" if self.buckets == "length" else "")
         parts = ["cudnn", "+".join(self.plan_from)]
         if self.stand_in:
-            parts.append(f"stand_in={self.stand_in}")
+            parts.append(f"stand_in={self.stand_in}" + ("" if self.stand_in_calls < 0 else f"x{self.stand_in_calls}"))
         if self.buckets:
             parts.append(f"{self.buckets}_buckets")
         parts.append(f"native@{self.native}" if self.native != "never" else "python_path")
@@ -142,7 +144,7 @@ def decide(definition, resolved: Resolved, facts: Facts) -> Route:
         why.append(("plan from", "register_built_graph: the graph registered, built"))
         return Route("cudnn", ("registered",), buckets=buckets, why=tuple(why))
 
-    stand_in, reason = _stand_in(definition, resolved, facts)
+    stand_in, calls, reason = _stand_in(definition, resolved, facts)
     why.append(("until the plan is ready", reason))
     tuned, tuned_reason = _chosen(definition, "tune", "plan_tuning", resolved)
     kernel_cache, cache_reason = _chosen(definition, "dynamic_shapes", "dynamic_shapes", resolved)
@@ -157,36 +159,49 @@ def decide(definition, resolved: Resolved, facts: Facts) -> Route:
     why.append(("tuned", f"{'yes' if tuned else 'no'}: {tuned_reason}"))
     if facts.deterministic:
         why.append(("deterministic", "torch.use_deterministic_algorithms(True): deterministic engines only"))
-    if buckets == "length" and stand_in:
+    if buckets == "length" and calls < 0:  # the timing-dependent route alone: a fixed count waits for its plan anyway
         take_over = TAKE_OVER_CALLS
         why.append(("exact plan", f"a length's {TAKE_OVER_CALLS}th bucketed call builds its exact plan, which then serves it"))
-    native, native_reason = _native(resolved, facts)
+    native, native_reason = _native(resolved, facts, calls > 0)
     why.append(("native path", native_reason))
     if resolved.verify:
         why.append(("verify", "the verify setting is on: the first launch is checked against the interpreter (it synchronizes)"))
     build_on = "build_thread" if stand_in else ("refused" if facts.capturing else "caller")
-    return Route("cudnn", plan_from, tuned, facts.deterministic, build_on, stand_in, native, resolved.verify, buckets, take_over, tuple(why))
+    return Route("cudnn", plan_from, tuned, facts.deterministic, build_on, stand_in, calls, native, resolved.verify, buckets, take_over,
+                 tuple(why))
 
 
-def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, str]:
-    """The one rule of ``background_builds``: (the stand-in, or "" when the call waits; why)."""
-    allowed, reason = _chosen(definition, "background_builds", "background_builds", resolved)
-    if not allowed:
-        return "", f"the call builds its plan and waits: {reason}"
+def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, str]:
+    """The one rule of ``stand_in_calls`` and ``background_builds`` (Note [A new layout's first
+    calls]): (the stand-in or "", how many calls it serves, why). The serving mode
+    (background_builds) wins where both are asked for; neither under deterministic algorithms."""
+    serving, serving_reason = _chosen(definition, "background_builds", "background_builds", resolved)
+    given = definition.stand_in_calls
+    count = resolved.stand_in_calls if given is None else given
+    count_reason = f"register_graph(stand_in_calls={given})" if given is not None else f"the stand_in_calls setting is {count}"
+    if not serving and not count:
+        return "", 0, f"the call builds its plan and waits: {count_reason}, the background_builds setting is off"
+    reason = serving_reason if serving else count_reason
     for fact, said in ((facts.deterministic, "under deterministic algorithms (one implementation per run)"),
                        (facts.capturing, "while capturing a CUDA graph (no build can be part of it: warm up first)"),
                        (facts.compiling, "while tracing"), (not facts.stand_in, "(its caller has no stand-in)"),
                        (facts.background_failed, "(its background build failed: this call builds it and sees the error)")):
         if fact:
-            return "", f"the call waits for its plan {said}, though {reason}"
-    return facts.stand_in, f"{facts.stand_in} serves while the plan builds on a build thread: {reason}"
+            return "", 0, f"the call waits for its plan {said}, though {reason}"
+    if serving:
+        return facts.stand_in, -1, (f"{facts.stand_in} serves while the plan builds on a build thread, until it is ready (which calls it "
+                                    f"serves depends on the build's time: the serving mode): {reason}")
+    return facts.stand_in, count, (f"{facts.stand_in} serves this layout's first {count} calls while the plan builds on a build thread; "
+                                   f"call {count + 1} waits for it (reproducible: the same calls whatever the build takes): {reason}")
 
 
-def _native(resolved: Resolved, facts: Facts) -> Tuple[str, str]:
+def _native(resolved: Resolved, facts: Facts, after_stand_in: bool) -> Tuple[str, str]:
     if not facts.with_cuda:
         return "never", "never: this build of the extension has no CUDA"
     if not resolved.native_path:
         return "never", "never: the native_path setting is off"
+    if after_stand_in:  # never before the calls the stand-in serves: C++ would serve them
+        return "second_call", "a backend plan runs from C++ from the first call it serves on, after the stand-in's"
     when = "at_build" if resolved.native_hand_over == "build" else "second_call"
     return when, (f"a backend plan runs from C++ from {'its build' if when == 'at_build' else 'its second call'} on "
                   f"(the native_hand_over setting is {resolved.native_hand_over!r}); a plan cuDNN's backend alone "

@@ -1,0 +1,90 @@
+"""``FirstCalls``: builds off the caller's path, their threads, and which of a new layout's first calls a stand-in serves.
+
+Note [A new layout's first calls]: a layout's first call builds its plan, which takes 0.1 to
+1.5 s in cuDNN. Where its route names a stand-in (routes.py: the op's interpreter, nn.sdpa's
+torch attention), the plan builds off the caller's path instead, and the stand-in serves:
+
+  * ``stand_in_calls=N`` (the setting, or ``register_graph(stand_in_calls=N)``): exactly the
+    layout's first N calls, whether its plan is built by then or not; call N+1 gets the plan,
+    and waits for its build when it is not done. Which implementation serves a call depends on
+    the sequence of calls alone, never on how long a build took: two runs of one program give
+    the same results. The plan goes native from the first call it serves (before that, C++
+    would serve the stand-in's calls). A capture's call gets the plan (waiting for it), never
+    a stand-in.
+  * ``background_builds`` (the serving mode): until the plan is ready, so which calls the
+    stand-in serves depends on the build's time; for serving, where latency matters more than
+    run-to-run equality.
+
+Neither under deterministic algorithms: the call builds and waits, one implementation per run.
+A build that fails off the caller's path is raised by the next call, which builds in its own.
+The graph cache keeps the counts under its lock; a built entry keeps what is left (``left``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Dict, Optional
+
+from .._extension import _C
+from .plans import build_process
+
+__all__ = ["FirstCalls"]
+
+
+def _relaxed_build_thread() -> None:
+    """A build thread is part of no CUDA-graph capture: cuDNN's allocations there must not
+    end a capture another thread makes in global mode (one that waits for this build)."""
+    if _C.with_cuda:
+        _C.relax_capture_mode_for_this_thread()
+
+
+class FirstCalls:
+    """The build threads, made on first use, one per build process (each waits on one; the
+    exit hook waits for their builds); the calls the stand-in served per layout building for
+    a fixed count; the layouts whose background build failed. The counts are guarded by the
+    graph cache's lock, held around every call but ``submit``."""
+
+    def __init__(self):
+        self._served: Dict[tuple, int] = {}
+        self._failed: set = set()  # keys whose background build failed: built in the caller's path
+        self._lock = threading.Lock()  # the executor's, made once
+        self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def submit(self, fn, *args) -> None:
+        """``fn(*args)`` on a build thread."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
+                                                                      initializer=_relaxed_build_thread)
+        self._threads.submit(fn, *args)
+
+    def failed_before(self, key) -> bool:
+        """Whether ``key``'s background build failed (its next call builds in its own path and raises)."""
+        return key in self._failed
+
+    def first(self, key, route) -> None:
+        """``key``'s plan starts building off the caller's path; this call is the stand-in's first."""
+        if route.stand_in_calls > 0:
+            self._served[key] = 1
+
+    def stands_in(self, key, route, future) -> bool:
+        """Whether the stand-in serves this call of a layout still building (counted)."""
+        if route.stand_in_calls < 0:
+            return not future.done()
+        served = self._served.get(key)
+        if served is None or served >= route.stand_in_calls:
+            return False
+        self._served[key] = served + 1
+        return True
+
+    def left(self, key, route) -> int:
+        """The calls the stand-in still serves once ``key`` is built (those of the count it has not served)."""
+        served = self._served.pop(key, 0)
+        return max(0, route.stand_in_calls - served) if route.stand_in_calls > 0 else 0
+
+    def forget(self, key, failed_off_path: bool) -> None:
+        """``key``'s build failed (off the caller's path: its next call builds in its own path)."""
+        self._served.pop(key, None)
+        if failed_off_path:
+            self._failed.add(key)
