@@ -27,10 +27,12 @@ returns ``[..., out]``, so no view node is recorded around the op.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..op import execute
@@ -81,6 +83,31 @@ def gelu_backward(graph, dy, z):
     return declare(graph.gelu_backward(dy, z, name="dgelu"), dy.dim, row_major(dy.dim), dy.data_type)
 
 
+# The graphs' torch stand-ins (Note [A new layout's first calls]): the same outputs from torch
+# ops, on the op's natural operands, in their dtype.
+
+
+def torch_linear_forward(x, w, b, *, activation: Optional[str]):
+    z = F.linear(x, w, b)
+    return z if activation is None else torch.relu(z) if activation == "relu" else [F.gelu(z), z]
+
+
+def torch_relu_backward(dy, y):
+    return torch.where(y > 0, dy, torch.zeros_like(dy))
+
+
+def torch_gelu_backward(dy, z):
+    return torch.ops.aten.gelu_backward(dy, z)
+
+
+def torch_dx(dz, w):
+    return dz @ w
+
+
+def torch_dw(dz, x):
+    return dz.reshape(-1, dz.shape[-1]).mT @ x.reshape(-1, x.shape[-1])
+
+
 MATMUL = register_graph(matmul, name="nn_matmul")
 RELU_BACKWARD = register_graph(relu_backward, name="nn_relu_backward")
 GELU_BACKWARD = register_graph(gelu_backward, name="nn_gelu_backward")
@@ -117,12 +144,14 @@ def forward_views(activation: Optional[str]) -> OperandViews:
 # The backward's graphs on natural operands: dZ [..., N] from dY and y (relu) or z (gelu);
 # dX [..., K] = dZ @ W; dW [N, K] = dZ^T @ X.
 _POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
-RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS)
-GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS)
+RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS, stand_in=torch_relu_backward)
+GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS, stand_in=torch_gelu_backward)
 MATMUL_DX = register_graph(
-    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])])
+    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
+    stand_in=torch_dx,
 )
-MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]))
+MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]),
+                           stand_in=torch_dw)
 
 
 def _backward_steps(activation: Optional[str]):
@@ -152,6 +181,7 @@ def _register_linear(activation: Optional[str]) -> int:
         params=dict(activation=activation),
         views=forward_views(activation),
         backward=Backward.steps(steps, grads=grads),
+        stand_in=functools.partial(torch_linear_forward, activation=activation),
     )
 
 

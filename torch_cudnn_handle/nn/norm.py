@@ -22,6 +22,7 @@ find no bound epsilon buffer, so the default means the same on every engine.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Dict
 
@@ -50,6 +51,13 @@ def rmsnorm_backward(graph, dy, x, scale, inv_var, *, eps: float):  # noqa: ARG0
     """``dX`` and ``dScale`` (no bias, so no ``dBias``)."""
     dx, dscale, _dbias = graph.rmsnorm_backward(name="rmsnorm_bwd", grad=dy, input=x, scale=scale, inv_variance=inv_var, has_dbias=False)
     return [declare(dx, x.dim, row_major(x.dim), x.data_type), declare(dscale, scale.dim, row_major(scale.dim), scale.data_type)]
+
+
+def torch_rmsnorm_forward(x, weight, *, eps: float):
+    """The forward graph's torch stand-in (Note [A new layout's first calls]): ``y`` and ``inv_var``, in float32 as the graph."""
+    x32 = x.float()
+    inv_var = torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
+    return [(x32 * inv_var * weight.float()).to(x.dtype), inv_var]
 
 
 # dY, X, scale, inv_var: declared, so the backward runs natively, without Python.
@@ -89,6 +97,7 @@ def rmsnorm_graph(eps: float) -> int:
             graph_id = _graphs[eps] = register_graph(
                 rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", params=dict(eps=eps), views=_FORWARD_VIEWS,
                 backward=Backward.graph(rmsnorm_backward, operands=BACKWARD_OPERANDS, views=_BACKWARD_VIEWS),
+                stand_in=functools.partial(torch_rmsnorm_forward, eps=eps),
             )
         return graph_id
 

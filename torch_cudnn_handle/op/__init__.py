@@ -12,6 +12,9 @@ The schemas and the CUDA, autograd and in-place kernels are C++ (csrc/op). Here:
   * ``verify.py``, ``tolerance.py``: verify mode (the ``verify`` setting): each built
     graph's first execution checked against the interpreter;
   * ``fake.py``: the fake kernels (torch.compile, meta tensors, no GPU);
+  * ``stand_in.py``: a call a stand-in serves while its plan builds (a graph's torch
+    stand-in, else the interpreter); ``explain.py``: a call's route, asked without running it;
+    ``bucket_check.py``: the padding check of size buckets;
   * ``backward.py``: the autograd node's Python backward;
   * ``bool_operands.py``, ``overlap.py``: torch.bool operands, memory overlap.
 

@@ -29,15 +29,18 @@ from .._extension import _C
 from ..pool import current_handle
 from ..registry import TensorSpec, materialize
 from . import bool_operands, reference, verify
+from .stand_in import execute as stood_in, execute_out as stood_in_out
 from .checks import call_device, check_in_place, check_out, check_out_overlap, key_specs, refuse_off_gpu
 
 __all__ = ["built_for_call", "plan_ready", "execute", "execute_out", "execute_in_place"]
 
 
-def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: str = "interpreter"):
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: str = ""):
     """The graph built for these inputs; ``call``: the op runs it now (a pending native
     hand-over happens first), else only its layout is wanted. None while the graph builds
-    off the call's path, where its route says: the caller's ``stand_in`` serves instead."""
+    off the call's path, where its route says: the caller's ``stand_in`` serves instead
+    (by default the op's: the graph's torch stand-in, else the interpreter: stand_in.py)."""
+    stand_in = stand_in or ("torch" if registry.definition(graph_id).stand_in is not None else "interpreter")
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
@@ -134,7 +137,9 @@ def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = built_for_call(graph_id, inputs)
     if built is not None:
         registry.count_call(built.route.label)
-    if built is None or built.route.runs_on == "interpreter":
+    if built is None:
+        return stood_in(graph_id, inputs)
+    if built.route.runs_on == "interpreter":
         return reference.execute(graph_id, inputs)
     operands = materialize(inputs, built.layout.materialized)
 
@@ -160,7 +165,9 @@ def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Te
     built = built_for_call(graph_id, inputs)
     if built is not None:
         registry.count_call(built.route.label)
-    if built is None or built.route.runs_on == "interpreter":
+    if built is None:
+        return stood_in_out(graph_id, inputs, out=out)
+    if built.route.runs_on == "interpreter":
         return reference.execute_out(graph_id, inputs, out=out)
     check_out(graph_id, built.layout, out, torch.device("cuda", built.device), inputs)
     check_out_overlap(graph_id, inputs, out)

@@ -125,6 +125,7 @@ def register_graph(
     background_builds: Optional[bool] = None,
     buckets: Optional[Buckets] = None,
     stand_in_calls: Optional[int] = None,
+    stand_in: Optional[Callable[..., Any]] = None,
     **deprecated: Any,
 ) -> int:
     """Register a graph builder; returns the id ``torch.ops.cudnn_fe.execute`` takes (the same
@@ -147,7 +148,8 @@ def register_graph(
       packed ``[T, H, D]`` inputs with ragged offsets (``Ragged``, registry/ragged.py);
       ``in_place={output: input}``: outputs written into inputs, run with ``execute_``.
     * ``tune``, ``dynamic_shapes``, ``stand_in_calls``, ``background_builds``: over the
-      settings of those names (Note [A new layout's first calls] for the last two);
+      settings of those names (Note [A new layout's first calls] for the last two), whose
+      calls ``stand_in(*inputs)`` serves (torch ops returning the outputs) or the interpreter;
       ``buckets``: a ``Buckets`` naming input dims that take any size, zero-padded to a
       bucket so a plan per bucket serves every size (Note [Size buckets], buckets.py);
       ``output_shapes(*input_shapes)``: output shapes under ``torch.compile(dynamic=True)``
@@ -157,10 +159,8 @@ def register_graph(
       backward graph too); ``False`` keeps cuDNN whatever the ``reference_path`` setting
       says; None follows it. CPU calls always run on the interpreter.
 
-    The guide (docs/registering-graphs.md) has each of these with an example. Builder
-    parameters passed as keywords of their own (``register_graph(f, eps=1e-5)``) and the
-    backward options of earlier releases (``backward_operands=``, ``backward_fn=``, ...)
-    still work, with a DeprecationWarning naming the new form.
+    The guide (docs/registering-graphs.md) has each with an example. The forms of earlier
+    releases (``register_graph(f, eps=1e-5)``, ``backward_fn=``) warn, naming the new one.
     """
     name = name or getattr(builder, "__name__", "graph")
     old = {key: deprecated.pop(key) for key in list(deprecated) if key in OLD_KEYWORDS}
@@ -178,7 +178,7 @@ def register_graph(
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
-        background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls,
+        background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
     )
     if buckets is not None:
         global BUCKET_RULES

@@ -54,6 +54,7 @@ class Definition:
     reference: Optional[bool] = None  # CUDA calls run on the torch interpreter, never cuDNN; None: the reference_path setting
     background_builds: Optional[bool] = None  # serving mode: a stand-in until the plan is ready (routes.py); None: the setting
     stand_in_calls: Optional[int] = None  # a new layout's first N calls on a stand-in, N+1 waits (routes.py); None: the setting
+    stand_in: Optional[Callable[..., Any]] = None  # torch ops computing its outputs, for those calls; None: the interpreter
     buckets: Optional[Buckets] = None  # dims that take any size, padded to a bucket (buckets.py)
 
     @property
@@ -202,13 +203,13 @@ class Definitions:
         self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
         output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
         reference: Optional[bool] = None, background_builds: Optional[bool] = None, buckets: Optional[Buckets] = None,
-        stand_in_calls: Optional[int] = None,
+        stand_in_calls: Optional[int] = None, stand_in: Optional[Callable[..., Any]] = None,
     ) -> int:
         """Check a registration and add its definitions (the forward's, and a backward
         graph's); returns the forward's id, its record declared in C++."""
         if builder is None:
             raise TypeError("register_graph: expected a builder callable, got None")
-        for what, fn in (("builder", builder), ("output_shapes", output_shapes)):
+        for what, fn in (("builder", builder), ("output_shapes", output_shapes), ("stand_in", stand_in)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"register_graph: {what} must be callable, got {type(fn).__name__}")
         if views is not None and not isinstance(views, OperandViews):
@@ -255,7 +256,7 @@ class Definitions:
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
             tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
-            reference=reference, background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls,
+            reference=reference, background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
         )
         backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
                                 backward_arity=backward_arity, in_place=writes)

@@ -1,0 +1,52 @@
+"""The nn graphs' torch stand-ins (op/stand_in.py, Note [A new layout's first calls]): each gives
+the graph's outputs, in the layout the op returns, as the interpreter computes them; a stand-in
+that returns the wrong thing is refused naming the output. On the CPU, through the stand-in's
+own entry (a CPU call of the op runs the interpreter)."""
+
+import pytest
+import torch
+
+import torch_cudnn_handle as tch
+from torch_cudnn_handle.nn.linear import GELU_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW, MATMUL_DX, RELU_BACKWARD_ROWS
+from torch_cudnn_handle.nn.norm import rmsnorm_graph
+from torch_cudnn_handle.op import stand_in
+
+torch.manual_seed(0)
+X, W, B = torch.randn(2, 5, 16), torch.randn(8, 16), torch.randn(8)
+DY = torch.randn(2, 5, 8)
+CASES = {
+    **{f"linear_{a}": (LINEAR_GRAPHS[a], [X, W, B]) for a in LINEAR_GRAPHS},
+    "relu_backward": (RELU_BACKWARD_ROWS, [DY, torch.relu(torch.randn(2, 5, 8))]),
+    "gelu_backward": (GELU_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
+    "dx": (MATMUL_DX, [DY, W]),
+    "dw": (MATMUL_DW, [DY, X]),
+    "rmsnorm": (rmsnorm_graph(1e-5), [X, torch.rand(16) + 0.5]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_stand_in_gives_the_interpreters_outputs_in_the_ops_layout(name):
+    graph, inputs = CASES[name]
+    expected = tch.execute(graph, inputs)  # CPU tensors: the interpreter
+    got = stand_in.execute(graph, inputs)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert (g.shape, g.stride(), g.dtype) == (e.shape, e.stride(), e.dtype)
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stand_in_that_returns_the_wrong_thing_is_refused_naming_it():
+    short = tch.register_graph(lambda g, x: g.relu(x), name="short_stand_in", stand_in=lambda x: [])
+    with pytest.raises(ValueError, match="stand_in returned 0 outputs, but the graph has 1"):
+        stand_in.execute(short, [X])
+    wrong = tch.register_graph(lambda g, x: g.relu(x), name="wrong_stand_in", stand_in=lambda x: x.double())
+    with pytest.raises(ValueError, match=r"returned \[2, 5, 16\] torch.float64 for output 0, where the graph writes"):
+        stand_in.execute(wrong, [X])
+    with pytest.raises(TypeError, match="stand_in must be callable"):
+        tch.register_graph(lambda g, x: g.relu(x), name="not_callable", stand_in=3)
+
+
+def test_a_stand_in_never_returns_an_input_or_a_view_of_one():
+    identity = tch.register_graph(lambda g, x: g.identity(x), name="identity_stand_in", stand_in=lambda x: x)
+    (y,) = stand_in.execute(identity, [X])
+    assert torch.equal(y, X) and y.untyped_storage().data_ptr() != X.untyped_storage().data_ptr()
