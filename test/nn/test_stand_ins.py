@@ -50,3 +50,16 @@ def test_a_stand_in_never_returns_an_input_or_a_view_of_one():
     identity = tch.register_graph(lambda g, x: g.identity(x), name="identity_stand_in", stand_in=lambda x: x)
     (y,) = stand_in.execute(identity, [X])
     assert torch.equal(y, X) and y.untyped_storage().data_ptr() != X.untyped_storage().data_ptr()
+
+
+def test_a_graphs_first_stand_in_call_is_checked_and_later_sizes_trusted(monkeypatch):
+    relu = tch.register_graph(lambda g, x: g.relu(x), name="checked_once", stand_in=torch.relu)
+    (first,) = stand_in.execute(relu, [X])
+    assert torch.equal(first, torch.relu(X))
+
+    def no_description(*args):
+        raise AssertionError("a later size described the graph again")
+
+    monkeypatch.setattr(stand_in.reference, "description_for", no_description)
+    (later,) = stand_in.execute(relu, [torch.randn(3, 7, 16)])
+    assert later.shape == (3, 7, 16)
