@@ -43,7 +43,7 @@ def cache(monkeypatch):
 
 def served(cache, calls: int, **lookup) -> list:
     """Who served each of ``calls`` calls: "stand-in" or "plan"."""
-    return ["stand-in" if cache.lookup(cache.graph, 0, [X], KEY, stand_in="interpreter", **lookup) is None else "plan" for _ in range(calls)]
+    return ["stand-in" if cache.lookup(cache.graph, 0, [X], KEY, stand_in="torch", **lookup) is None else "plan" for _ in range(calls)]
 
 
 @pytest.mark.parametrize("build_seconds", [0.0, 0.3])
@@ -60,7 +60,7 @@ def test_the_stand_in_serves_exactly_the_first_n_calls_however_long_the_build(ca
     assert route.stand_in_calls == 3 and route.native == ("second_call" if tch.with_cuda else "never")  # native after the stand-in's
     stats = cache.stats()
     assert (stats["stand_in_calls"], stats["background_builds"], stats["builds"]) == (3, 1, 1)
-    assert stats["routes"] == {route.label: 3} and "stand_in=interpreterx3" in route.label
+    assert stats["routes"] == {route.label: 3} and "stand_in=torchx3" in route.label
 
 
 def test_concurrent_first_calls_share_the_count(cache):
@@ -87,16 +87,23 @@ def test_deterministic_calls_and_the_serving_mode(cache):
     assert served(cache, 2, deterministic=True) == ["plan", "plan"]
     with settings.override(background_builds=True):
         other = ((3, 3, 4),)
-        assert cache.lookup(cache.graph, 0, [torch.empty(3, 3, 4)], other, stand_in="interpreter") is None
+        assert cache.lookup(cache.graph, 0, [torch.empty(3, 3, 4)], other, stand_in="torch") is None
         assert cache.wait_for_builds(5) == 0
-        assert cache.lookup(cache.graph, 0, [torch.empty(3, 3, 4)], other, stand_in="interpreter") is not None  # ready: the plan
+        assert cache.lookup(cache.graph, 0, [torch.empty(3, 3, 4)], other, stand_in="torch") is not None  # ready: the plan
     assert cache.routes[-1].stand_in_calls == -1
 
 
 def test_no_stand_in_without_a_count_or_for_a_caller_without_one(cache):
     assert cache.lookup(cache.graph, 0, [X], KEY) is not None  # the caller has no stand-in: it builds and waits
     with settings.override(stand_in_calls=0):
-        assert cache.lookup(cache.graph, 0, [torch.empty(5, 3, 4)], ((5, 3, 4),), stand_in="interpreter") is not None
+        assert cache.lookup(cache.graph, 0, [torch.empty(5, 3, 4)], ((5, 3, 4),), stand_in="torch") is not None
+    # The interpreter (a graph with no torch stand-in) serves only a graph that asks, with its own count.
+    assert cache.lookup(cache.graph, 0, [torch.empty(6, 3, 4)], ((6, 3, 4),), stand_in="interpreter") is not None
+    asked = cache.definitions.define(lambda g, x: g.relu(x), name="asked", params={}, backward=None, tune=None, output_shapes=None,
+                                     data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None,
+                                     stand_in_calls=1)
+    assert cache.lookup(asked, 0, [X], KEY, stand_in="interpreter") is None
+    assert cache.routes[-1].stand_in == "interpreter" and cache.routes[-1].stand_in_calls == 1
 
 
 def test_a_registered_graph_opts_in_on_the_cpu_kernel_nothing_changes():

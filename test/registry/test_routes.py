@@ -48,19 +48,20 @@ def test_the_reference_route_is_the_graphs_choice_else_the_setting(per_graph, se
     assert ("register_graph(reference=" in said) == (per_graph is not None) and ("reference_path setting" in said) == (per_graph is None)
 
 
-@pytest.mark.parametrize("per_graph, setting, count, deterministic, capturing, compiling, has_stand_in, failed_before",
-                         itertools.product((None, False, True), BOOLS, (None, 0, 3), BOOLS, BOOLS, BOOLS, BOOLS, BOOLS))
-def test_the_one_rule_of_stand_ins(per_graph, setting, count, deterministic, capturing, compiling, has_stand_in, failed_before):
+@pytest.mark.parametrize("per_graph, setting, count, deterministic, capturing, compiling, stand_in, failed_before",
+                         itertools.product((None, False, True), BOOLS, (None, 0, 3), BOOLS, BOOLS, BOOLS, ("", "interpreter", "torch"), BOOLS))
+def test_the_one_rule_of_stand_ins(per_graph, setting, count, deterministic, capturing, compiling, stand_in, failed_before):
     """A stand-in serves while the plan builds on a build thread only where it is asked for (the
-    serving mode, background_builds, until the plan is ready; else stand_in_calls, a fixed count;
-    the graph's choice over the setting), the caller has a stand-in, and the call is neither
-    deterministic, captured, traced, nor the retry of a failed background build."""
-    facts = Facts("cuda", deterministic, capturing, compiling, "interpreter" if has_stand_in else "", background_failed=failed_before)
+    serving mode, background_builds, until the plan is ready; else stand_in_calls, a fixed count:
+    the graph's own, else the setting's where torch's ops stand in, never for the interpreter),
+    the caller has a stand-in, and the call is neither deterministic, captured, traced, nor the
+    retry of a failed background build."""
+    facts = Facts("cuda", deterministic, capturing, compiling, stand_in, background_failed=failed_before)
     route = decide(definition(background_builds=per_graph, stand_in_calls=count), Resolved(background_builds=setting, stand_in_calls=2), facts)
     serving = setting if per_graph is None else per_graph
-    calls = 2 if count is None else count
-    serves = (serving or calls > 0) and has_stand_in and not (deterministic or capturing or compiling or failed_before)
-    assert route.stand_in == ("interpreter" if serves else "")
+    calls = count if count is not None else 2 if stand_in == "torch" else 0
+    serves = (serving or calls > 0) and bool(stand_in) and not (deterministic or capturing or compiling or failed_before)
+    assert route.stand_in == (stand_in if serves else "")
     assert route.stand_in_calls == ((-1 if serving else calls) if serves else 0)
     assert route.build_on == ("build_thread" if serves else "refused" if capturing else "caller")
     assert route.native == ("second_call" if serves and not serving else "at_build")  # never native before the stand-in's calls
@@ -107,7 +108,7 @@ def test_buckets_and_the_exact_plans_take_over(buckets_setting, uniform, backgro
     length = buckets_setting and uniform and not registered_buckets
     assert route.buckets == ("size" if registered_buckets else "length" if length else "")
     assert route.take_over_after == (TAKE_OVER_CALLS if length and background else 0)  # the serving mode's alone
-    assert route.stand_in == ("torch_attention" if background else "")
+    assert route.stand_in == "torch_attention" and route.stand_in_calls == (-1 if background else 2)  # the serving mode, else the count
 
 
 def test_a_registered_built_graph_has_its_plan_and_nothing_to_decide():
@@ -143,7 +144,7 @@ def test_explain_a_traced_call_says_nothing_runs():
 
 
 @pytest.mark.parametrize("settings_on, words", [
-    ({}, ["route: cudnn/static/native@at_build", "the call builds its plan and waits: the stand_in_calls setting is 0, the background_builds setting is off",
+    ({}, ["route: cudnn/static/native@at_build", "the call builds its plan and waits: the interpreter would stand in",
           "plan store: the plan_store setting is off", "tuned: no: the plan_tuning setting is off"]),
     (dict(plan_store=True, background_builds=True), ["route: cudnn/plan_store+build_process+static/stand_in=interpreter/native@at_build",
                                                      "interpreter serves while the plan builds on a build thread",
@@ -154,12 +155,13 @@ def test_explain_a_traced_call_says_nothing_runs():
     (dict(native_path=False, verify=True), ["cudnn/static/python_path", "never: the native_path setting is off",
                                             "verify: the verify setting is on"]),
     (dict(reference_path=True), ["route: interpreter", "the torch interpreter, never cuDNN: the reference_path setting is on"]),
-    (dict(stand_in_calls=4), ["cudnn/build_process+static/stand_in=interpreterx4/native@second_call", "serves this layout's first 4 calls",
+    (dict(stand_in_calls=4), ["cudnn/build_process+static/stand_in=torchx4/native@second_call", "torch serves this layout's first 4 calls",
                               "call 5 waits for it (reproducible", "from the first call it serves on, after the stand-in's"]),
 ])
 def test_each_cuda_route_explains_each_choice_with_its_setting(settings_on, words):
     resolved = Resolved(**dict(dict(plan_store=False), **settings_on))
-    text = decide(PLAIN, resolved, CUDA).explain()
+    facts = Facts("cuda", stand_in="torch") if "stand_in_calls" in settings_on else CUDA  # the count needs torch's own stand-in
+    text = decide(PLAIN, resolved, facts).explain()
     for word in words:
         assert word in text, text
 

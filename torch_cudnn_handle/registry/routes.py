@@ -47,7 +47,7 @@ class Resolved:
     dynamic_shapes: bool = False
     plan_tuning: bool = False
     background_builds: bool = False
-    stand_in_calls: int = 0
+    stand_in_calls: int = 2
     attention_buckets: bool = False
     native_path: bool = True
     native_hand_over: str = "build"
@@ -177,8 +177,12 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
     (background_builds) wins where both are asked for; neither under deterministic algorithms."""
     serving, serving_reason = _chosen(definition, "background_builds", "background_builds", resolved)
     given = definition.stand_in_calls
-    count = resolved.stand_in_calls if given is None else given
-    count_reason = f"register_graph(stand_in_calls={given})" if given is not None else f"the stand_in_calls setting is {count}"
+    if given is not None:
+        count, count_reason = given, f"register_graph(stand_in_calls={given})"
+    elif facts.stand_in == "interpreter":  # float32 and unfused: a graph opts in to it, with its own count
+        count, count_reason = 0, "the interpreter would stand in (no torch stand-in: register_graph(stand_in=)), which needs register_graph(stand_in_calls=N)"
+    else:
+        count, count_reason = resolved.stand_in_calls, f"the stand_in_calls setting is {resolved.stand_in_calls}"
     if not serving and not count:
         return "", 0, f"the call builds its plan and waits: {count_reason}, the background_builds setting is off"
     reason = serving_reason if serving else count_reason
