@@ -13,10 +13,9 @@ import torch
 # about this run. test_plan_store*.py and test_plan_cache_gpu.py turn it on, per test,
 # in a tmp_path (settings.set_plan_store, or the variables for a subprocess).
 os.environ.setdefault("TORCH_CUDNN_HANDLE_PLAN_STORE", "0")
-# Likewise a layout's first call builds its plan (the stand_in_calls default, 2, gives the nn
-# modules' first calls at a new size to torch's ops): the tests of built plans run on plans from
-# their first call; test/nn/test_first_calls_gpu.py and the documentation's blocks (which run
-# with the defaults) cover the stand-ins.
+# Likewise a layout's first call builds its plan, whatever a launcher's stand_in_calls: the tests
+# of built plans run on plans from their first call; test/nn/test_first_calls_gpu.py and
+# test/registry/test_first_calls.py set it where they test the stand-ins.
 os.environ.setdefault("TORCH_CUDNN_HANDLE_STAND_IN_CALLS", "0")
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -104,7 +104,7 @@ def test_buckets_and_the_exact_plans_take_over(buckets_setting, uniform, backgro
     takes over after TAKE_OVER_CALLS bucketed calls."""
     chosen = definition(buckets=tch.Buckets({0: 1})) if registered_buckets else PLAIN
     facts = Facts("cuda", stand_in="torch_attention", uniform_lengths=uniform)
-    route = decide(chosen, Resolved(attention_buckets=buckets_setting, background_builds=background), facts)
+    route = decide(chosen, Resolved(attention_buckets=buckets_setting, background_builds=background, stand_in_calls=2), facts)
     length = buckets_setting and uniform and not registered_buckets
     assert route.buckets == ("size" if registered_buckets else "length" if length else "")
     assert route.take_over_after == (TAKE_OVER_CALLS if length and background else 0)  # the serving mode's alone
