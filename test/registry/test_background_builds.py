@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from torch_cudnn_handle import settings
-from torch_cudnn_handle.registry import build as build_module, graph_cache
-from torch_cudnn_handle.registry.data_types import GraphDataTypes
-from torch_cudnn_handle.registry.definition import Definitions
+from support.timed_builds import timed_cache
+from torch_cudnn_handle.registry import graph_cache
 
 X = torch.empty(2, 3, 4)
 KEY = ((2, 3, 4),)
@@ -21,25 +20,8 @@ KEY = ((2, 3, 4),)
 
 @pytest.fixture
 def cache(monkeypatch):
-    """A GraphCache whose builds sleep ``cache.build_seconds`` and fail while ``cache.failures`` > 0."""
-    definitions = Definitions()
-    made = graph_cache.GraphCache(definitions)
-    made.build_seconds, made.failures, made.build_threads, made.off_path = 0.2, 0, [], []
-
-    def slow_build(definition, device, specs, route):
-        made.build_threads.append(threading.current_thread().name)
-        made.off_path.append("build_process" in route.plan_from)
-        time.sleep(made.build_seconds)
-        if made.failures:
-            made.failures -= 1
-            raise RuntimeError("cuDNN: no engine")
-        return build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
-                                       workspace_size=0, phase_seconds={})
-
-    monkeypatch.setattr(graph_cache, "build", slow_build)
-    monkeypatch.setattr(graph_cache, "_capturing", lambda device: False)
-    made.graph = definitions.define(lambda g, x: g.relu(x), name="relu", params={}, backward=None, tune=None, output_shapes=None,
-                                    data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None)
+    """A GraphCache whose builds sleep ``cache.build_seconds`` and fail while ``cache.failures`` > 0 (support/timed_builds.py)."""
+    made = timed_cache(monkeypatch, 0.2)
     with settings.override(background_builds=True):  # the cache reads it on a miss
         yield made
 
@@ -53,7 +35,7 @@ def test_a_first_use_returns_at_once_and_builds_on_a_build_thread(cache):
     built = cache.lookup(cache.graph, 0, [X], KEY, stand_in="interpreter")
     assert built is not None and cache.lookup(cache.graph, 0, [X], KEY) is built
     assert cache.build_threads == ["torch_cudnn_handle-build_0"]
-    assert cache.off_path == [True]  # a build process may serve it (Note [The build process])
+    assert ["build_process" in route.plan_from for route in cache.routes] == [True]  # a build process may serve it (Note [The build process])
     stats = cache.stats()
     assert (stats["background_builds"], stats["builds"]) == (1, 1)
 

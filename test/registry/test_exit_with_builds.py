@@ -13,7 +13,7 @@ import time
 import pytest
 
 from support.paths import REPO
-from torch_cudnn_handle.registry.data_types import GraphDataTypes
+from support.timed_builds import define_relu, timed_cache
 
 SLOW_BUILD = """
 import sys, time
@@ -32,27 +32,11 @@ graph_cache._capturing = lambda device: False
 """
 
 
-def _stand_in_cache(monkeypatch, seconds):
-    from torch_cudnn_handle.registry import build as build_module, graph_cache
-    from torch_cudnn_handle.registry.definition import Definitions
-
-    def slow_build(definition, device, specs, route):
-        time.sleep(seconds)
-        return build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
-                                       workspace_size=0, phase_seconds={})
-
-    monkeypatch.setattr(graph_cache, "build", slow_build)
-    monkeypatch.setattr(graph_cache, "_capturing", lambda device: False)
-    definitions = Definitions()
-    return graph_cache.GraphCache(definitions), definitions
-
-
 def test_wait_for_builds_returns_once_none_is_in_flight(monkeypatch):
     import torch
 
-    cache, definitions = _stand_in_cache(monkeypatch, 0.3)
-    ids = [definitions.define(lambda g, x: g.relu(x), name=f"g{i}", params={}, backward=None, tune=None, output_shapes=None,
-                              data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None) for i in range(4)]
+    cache = timed_cache(monkeypatch, 0.3)
+    ids = [define_relu(cache.definitions, f"g{i}") for i in range(4)]
     x = torch.empty(2, 3, 4)
     threads = [threading.Thread(target=cache.lookup, args=(gid, 0, [x], ((2, 3, 4),)), daemon=True) for gid in ids]
     for thread in threads:

@@ -13,9 +13,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import settings
-from torch_cudnn_handle.registry import build as build_module, graph_cache
-from torch_cudnn_handle.registry.data_types import GraphDataTypes
-from torch_cudnn_handle.registry.definition import Definitions
+from support.timed_builds import define_relu, timed_cache
 
 X = torch.empty(2, 3, 4)
 KEY = ((2, 3, 4),)
@@ -23,20 +21,7 @@ KEY = ((2, 3, 4),)
 
 @pytest.fixture
 def cache(monkeypatch):
-    definitions = Definitions()
-    made = graph_cache.GraphCache(definitions)
-    made.build_seconds, made.routes = 0.0, []
-
-    def timed_build(definition, device, specs, route):
-        made.routes.append(route)
-        time.sleep(made.build_seconds)
-        return build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
-                                       workspace_size=0, phase_seconds={}, route=route)
-
-    monkeypatch.setattr(graph_cache, "build", timed_build)
-    monkeypatch.setattr(graph_cache, "_capturing", lambda device: False)
-    made.graph = definitions.define(lambda g, x: g.relu(x), name="relu", params={}, backward=None, tune=None, output_shapes=None,
-                                    data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None)
+    made = timed_cache(monkeypatch)  # support/timed_builds.py
     with settings.override(stand_in_calls=3):
         yield made
 
@@ -99,9 +84,7 @@ def test_no_stand_in_without_a_count_or_for_a_caller_without_one(cache):
         assert cache.lookup(cache.graph, 0, [torch.empty(5, 3, 4)], ((5, 3, 4),), stand_in="torch") is not None
     # The interpreter (a graph with no torch stand-in) serves only a graph that asks, with its own count.
     assert cache.lookup(cache.graph, 0, [torch.empty(6, 3, 4)], ((6, 3, 4),), stand_in="interpreter") is not None
-    asked = cache.definitions.define(lambda g, x: g.relu(x), name="asked", params={}, backward=None, tune=None, output_shapes=None,
-                                     data_types=GraphDataTypes(), dynamic_shapes=None, ragged=None, views=None, in_place=None,
-                                     stand_in_calls=1)
+    asked = define_relu(cache.definitions, "asked", stand_in_calls=1)
     assert cache.lookup(asked, 0, [X], KEY, stand_in="interpreter") is None
     assert cache.routes[-1].stand_in == "interpreter" and cache.routes[-1].stand_in_calls == 1
 
