@@ -15,12 +15,14 @@ native binding, the Python path and nn.sdpa read it, and the C++ kernel runs the
 route handed it; none of them decides again. Each choice carries the setting or fact
 that made it (``why``), which ``tch.explain`` prints without building.
 
-One rule per setting: ``background_builds`` (or ``register_graph(background_builds=)``)
-lets a stand-in serve while a plan builds on a build thread, for any caller that has one
-(the op's interpreter, nn.sdpa's torch attention), never under deterministic algorithms,
-a capture or a trace; ``build_process`` sends such a build to a helper process when the
-build is static, untuned and nondeterministic-allowed; ``attention_buckets`` serves
-nn.sdpa's self-attention from length buckets, and with a stand-in a length's
+One rule per setting: ``stand_in_calls`` and ``background_builds`` (each over its
+``register_graph`` option) let a stand-in serve while a plan builds on a build thread, for
+a caller that has one (a graph's torch stand-in, nn.sdpa's torch attention; the
+interpreter only for a graph that asks with its own count): a layout's first N calls, or
+until the plan is ready (the serving mode), never under deterministic algorithms, a
+capture or a trace (Note [A new layout's first calls], first_calls.py); ``build_process``
+sends such a build to a helper process when it is static and untuned; ``attention_buckets``
+serves nn.sdpa's self-attention from length buckets, and in the serving mode a length's
 ``TAKE_OVER_CALLS``-th bucketed call starts its exact plan.
 """
 
