@@ -2,7 +2,7 @@
 
 ``torch.compile(model, backend=lowering.backend())`` takes the graph dynamo traced from the
 model as it is written (``F.scaled_dot_product_attention``, ``nn.RMSNorm`` / ``F.rms_norm``,
-``nn.Linear`` followed by ``F.gelu`` or ``F.relu``), replaces each match the library serves
+``nn.LayerNorm`` / ``F.layer_norm``, ``nn.Linear`` followed by ``F.gelu`` or ``F.relu``), replaces each match the library serves
 with a call of ``torch.ops.cudnn_fe.execute`` on the graph the ``nn`` modules use (the
 same graphs, their backward included, so autograd, dynamic shapes and CUDA graphs work as
 they do for the modules), and hands the rest to the inner backend (inductor by default).
@@ -10,13 +10,13 @@ The parameters stay the model's own: they are the traced graph's inputs.
 
 A match is lowered only where the library's graph computes what torch's op computes and
 takes these inputs: fp16 or bf16, a head dim that is a multiple of 8, no attention mask,
-no dropout, the default scale, as many key/value heads as query heads; an RMSNorm over
-the last dim with a weight; a linear with a bias whose one user is the activation (exact
-gelu or relu). Anything else stays torch's, and ``reports()`` says why, node by node. A
+no dropout, the default scale, as many key/value heads as query heads; an RMSNorm or a
+LayerNorm over the last dim with a weight (and a bias); a linear with a bias whose one
+user is the activation (exact gelu or relu). Anything else stays torch's, and ``reports()`` says why, node by node. A
 CPU model is lowered too: the op runs each graph through its reference interpreter, so the
 lowering is tested without a GPU.
 
-Not yet: LayerNorm, SiLU and SwiGLU (no library graph for them), grouped-query attention.
+Not yet: SiLU and SwiGLU (no library graph for them), grouped-query attention.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _HALF = (torch.float16, torch.bfloat16)
 class Lowered:
     """One match in a traced graph: which pattern, which node, whether it was lowered, and why (not)."""
 
-    pattern: str  # "attention" | "rms_norm" | "linear_activation"
+    pattern: str  # "attention" | "rms_norm" | "layer_norm" | "linear_activation" | "not_yet"
     node: str
     lowered: bool
     reason: str
@@ -103,7 +103,10 @@ def _value(arg) -> Optional[torch.Tensor]:
 
 
 def _static(size) -> Optional[int]:
-    """A size that does not vary (an int), or None for a symbolic one (dynamic shapes)."""
+    """A size that does not vary: an int, or a symbolic one the trace's guards fixed (a hidden
+    dim a weight's shape pins down); None for one that varies (dynamic shapes)."""
+    if isinstance(size, torch.SymInt):
+        return size.node.maybe_as_int()
     return size if isinstance(size, int) else None
 
 
@@ -114,16 +117,21 @@ def _argument(node, index: int, name: str, default=None):
 
 
 def _execute(graph: torch.fx.Graph, before, graph_id: int, inputs: list, output: int = 0) -> torch.fx.Node:
-    """``torch.ops.cudnn_fe.execute(graph_id, inputs)[output]`` inserted before ``before``."""
+    """``torch.ops.cudnn_fe.execute(graph_id, inputs)[output]`` inserted before ``before``, whose
+    traced value it takes over (a later match reads it)."""
     with graph.inserting_before(before):
         call = graph.call_function(torch.ops.cudnn_fe.execute.default, (graph_id, inputs))
-        return graph.call_function(operator.getitem, (call, output))
+        result = graph.call_function(operator.getitem, (call, output))
+    result.meta["example_value"] = before.meta.get("example_value")
+    return result
 
 
 def _contiguous(graph: torch.fx.Graph, before, value: torch.fx.Node) -> torch.fx.Node:
     """``value.contiguous()``: the graphs take natural operands in row-major layout (a no-op when they are)."""
     with graph.inserting_before(before):
-        return graph.call_method("contiguous", (value,))
+        result = graph.call_method("contiguous", (value,))
+    result.meta["example_value"] = value.meta.get("example_value")
+    return result
 
 
 # -- the patterns ---------------------------------------------------------------
@@ -170,32 +178,45 @@ class _Attention:
         graph.erase_node(node)
 
 
-class _RMSNorm:
-    """``F.rms_norm(x, (C,), weight, eps)`` -> RMSNorm's graph (nn/norm.py)."""
+class _Norm:
+    """``F.rms_norm(x, (C,), weight, eps)`` or ``F.layer_norm(x, (C,), weight, bias, eps)`` -> the
+    RMSNorm or LayerNorm module's graph (nn/norm.py)."""
 
-    targets = (torch.rms_norm, F.rms_norm)
+    def __init__(self, targets, inputs: tuple, eps_index: int, graph: str):
+        self.targets, self._inputs, self._eps_index, self._graph = targets, inputs, eps_index, graph
 
-    @staticmethod
-    def refusal(node) -> Optional[str]:
-        x, weight = _value(_argument(node, 0, "input")), _value(_argument(node, 2, "weight"))
-        shape = _argument(node, 1, "normalized_shape")
-        if x is None or weight is None:
-            return "no weight (the library's graph scales by one)" if x is not None else "the input has no traced value"
-        if len(tuple(shape)) != 1 or _static(x.shape[-1]) != tuple(shape)[0]:
-            return f"normalized_shape {tuple(shape)}: the graph normalizes over the last dim alone"
-        if x.dtype not in _HALF or weight.dtype != x.dtype:
-            return f"dtypes {x.dtype} and {weight.dtype}: the graph takes float16 or bfloat16, one for both"
+    def _operands(self, node) -> list:
+        return [_argument(node, index, name) for index, name in self._inputs]
+
+    def refusal(self, node) -> Optional[str]:
+        x, *affine = (_value(operand) for operand in self._operands(node))
+        shape = tuple(_argument(node, 1, "normalized_shape"))
+        if x is None:
+            return "the input has no traced value"
+        if any(t is None for t in affine):
+            return "no weight or bias (the library's graph scales and shifts)"
+        if len(shape) != 1 or _static(x.shape[-1]) != shape[0]:
+            return f"normalized_shape {shape}: the graph normalizes over the last dim alone"
+        if x.dtype not in _HALF or any(t.dtype != x.dtype for t in affine):
+            return f"dtypes {x.dtype} and {[t.dtype for t in affine]}: the graph takes float16 or bfloat16, one for all"
+        if isinstance(_argument(node, self._eps_index, "eps"), torch.fx.Node):
+            return ("eps is an input of the traced graph, not a constant (torch.compile(dynamic=True) lifts a module's float "
+                    "attributes): the graph bakes eps in")
         return None
 
-    @staticmethod
-    def replace(graph, node) -> None:
-        from .nn.norm import rmsnorm_graph
+    def replace(self, graph, node) -> None:
+        from .nn import norm
 
-        x, weight = _argument(node, 0, "input"), _argument(node, 2, "weight")
-        eps = _argument(node, 3, "eps")
-        eps = torch.finfo(_value(x).dtype).eps if eps is None else float(eps)  # torch's default for eps=None
-        node.replace_all_uses_with(_execute(graph, node, rmsnorm_graph(eps), [_contiguous(graph, node, x), weight]))
+        x, *affine = self._operands(node)
+        eps = _argument(node, self._eps_index, "eps")
+        eps = torch.finfo(_value(x).dtype).eps if eps is None else float(eps)  # torch's default for eps=None (rms_norm)
+        graph_id = getattr(norm, self._graph)(eps)
+        node.replace_all_uses_with(_execute(graph, node, graph_id, [_contiguous(graph, node, x), *affine]))
         graph.erase_node(node)
+
+
+_RMS_NORM = _Norm((torch.rms_norm, F.rms_norm), ((0, "input"), (2, "weight")), 3, "rmsnorm_graph")
+_LAYER_NORM = _Norm((torch.layer_norm, F.layer_norm), ((0, "input"), (2, "weight"), (3, "bias")), 4, "layernorm_graph")
 
 
 _ACTIVATIONS = {torch.relu: "relu", F.relu: "relu", torch._C._nn.gelu: "gelu", F.gelu: "gelu"}
@@ -246,11 +267,12 @@ class _LinearActivation:
 class _NotYet:
     """What the library has no graph for yet: kept, and said so."""
 
-    targets = (F.layer_norm, torch.layer_norm, F.silu, torch._C._nn.silu)
+    targets = (F.silu, torch._C._nn.silu)
 
     @staticmethod
     def refusal(node) -> Optional[str]:
-        return "no library graph for layer_norm yet" if node.target in (F.layer_norm, torch.layer_norm) else "no library graph for SiLU / SwiGLU yet"
+        return "no library graph for SiLU / SwiGLU yet"
 
 
-_PATTERNS = (("attention", _Attention), ("rms_norm", _RMSNorm), ("linear_activation", _LinearActivation), ("not_yet", _NotYet))
+_PATTERNS = (("attention", _Attention), ("rms_norm", _RMS_NORM), ("layer_norm", _LAYER_NORM), ("linear_activation", _LinearActivation),
+             ("not_yet", _NotYet))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from torch_cudnn_handle import registry
-from torch_cudnn_handle.nn import Attention, FusedLinear, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
+from torch_cudnn_handle.nn import Attention, FusedLinear, LayerNorm, RMSNorm, TransformerBlock, reference_of, sdpa, sdpa_reference
 
 # What a result stored in the dtype may be off by, relative to the largest value of its
 # output (the reference in float32; the module computes in float32 and rounds where cuDNN
@@ -65,6 +65,16 @@ def test_rmsnorm(dtype):
     norm = RMSNorm(48, eps=1e-5, dtype=dtype)
     with torch.no_grad():
         norm.weight.copy_(torch.rand(48) + 0.5)
+    _check_module(norm, _x(3, 7, 48, dtype=dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_layernorm(dtype):
+    torch.manual_seed(0)
+    norm = LayerNorm(48, eps=1e-5, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(48) + 0.5)
+        norm.bias.copy_(torch.rand(48) - 0.5)
     _check_module(norm, _x(3, 7, 48, dtype=dtype), dtype)
 
 

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.gpu
 from torch_cudnn_handle.nn import (  # noqa: E402
     Attention,
     FusedLinear,
+    LayerNorm,
     RMSNorm,
     TransformerBlock,
     reference_of,
@@ -84,6 +85,16 @@ def test_rmsnorm(dtype):
     norm = RMSNorm(1024, device="cuda", dtype=dtype)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
+    check_module(norm, *inputs(4, 64, 1024, dtype=dtype, scale=3.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm(dtype):
+    torch.manual_seed(0)
+    norm = LayerNorm(1024, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
     check_module(norm, *inputs(4, 64, 1024, dtype=dtype, scale=3.0))
 
 

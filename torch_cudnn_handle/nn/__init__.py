@@ -9,7 +9,8 @@ through autograd and run on any thread (the handle pool and context guard of
 
 * ``FusedLinear(in, out, activation)``: ``act(x @ W^T + b)``, one fused graph;
   its backward is three graphs (cuDNN fuses one matmul per graph) and a torch sum;
-* ``RMSNorm(dim, eps)``: the rmsnorm node, and one rmsnorm_backward graph;
+* ``RMSNorm(dim, eps)`` and ``LayerNorm(dim, eps)``: the rmsnorm / layernorm node, and one
+  backward graph each;
 * ``sdpa(q, k, v, causal)`` / ``Attention(dim, heads)``: the sdpa node (with its
   softmax stats) and one sdpa_backward graph;
 * ``TransformerBlock(dim, heads, mlp_ratio)``: a pre-norm block of the above.
@@ -25,7 +26,7 @@ from .attention import Attention, sdpa
 from .block import TransformerBlock
 from .fake import fake_cuda_module
 from .linear import FusedLinear
-from .norm import RMSNorm
+from .norm import LayerNorm, RMSNorm
 from .reference import (
     AttentionReference,
     LinearReference,
@@ -38,6 +39,7 @@ from .reference import (
 __all__ = [
     "FusedLinear",
     "RMSNorm",
+    "LayerNorm",
     "sdpa",
     "Attention",
     "TransformerBlock",

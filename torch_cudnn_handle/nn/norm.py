@@ -34,7 +34,7 @@ from ..op import execute
 from ..registry import Backward, BackwardOperand, OperandViews, register_graph
 from ._layout import declare, row_major
 
-__all__ = ["RMSNorm", "rmsnorm_graph"]
+__all__ = ["RMSNorm", "LayerNorm", "rmsnorm_graph", "layernorm_graph"]
 
 
 def rmsnorm_forward(graph, x, scale, *, eps: float):
@@ -102,6 +102,52 @@ def rmsnorm_graph(eps: float) -> int:
         return graph_id
 
 
+def layernorm_forward(graph, x, scale, bias, *, eps: float):
+    """``y = (x - mean) * rsqrt(var + eps) * scale + bias`` per row, and ``mean`` and ``inv_var``."""
+    epsilon = graph.tensor_scalar(float(eps), cudnn.scalar_type.RUNTIME_PARAM, name="epsilon")
+    y, mean, inv_var = graph.layernorm(
+        name="layernorm", norm_forward_phase=cudnn.norm_forward_phase.TRAINING, input=x, scale=scale, bias=bias, epsilon=epsilon
+    )
+    stats = [x.dim[0], 1, 1, 1]
+    return [declare(y, x.dim, row_major(x.dim), x.data_type)] + [declare(t, stats, row_major(stats), cudnn.data_type.FLOAT) for t in (mean, inv_var)]
+
+
+def layernorm_backward(graph, dy, x, scale, mean, inv_var, *, eps: float):  # noqa: ARG001 -- eps is the forward's
+    """``dX``, ``dScale`` and ``dBias``."""
+    dx, dscale, dbias = graph.layernorm_backward(name="layernorm_bwd", grad=dy, input=x, scale=scale, mean=mean, inv_variance=inv_var)
+    return [declare(dx, x.dim, row_major(x.dim), x.data_type)] + [declare(t, scale.dim, row_major(scale.dim), scale.data_type) for t in (dscale, dbias)]
+
+
+def torch_layernorm_forward(x, weight, bias, *, eps: float):
+    """The forward graph's torch stand-in: ``y``, ``mean`` and ``inv_var``, in float32 as the graph."""
+    x32 = x.float()
+    mean = x32.mean(-1, keepdim=True)
+    inv_var = torch.rsqrt((x32 - mean).square().mean(-1, keepdim=True) + eps)
+    return [((x32 - mean) * inv_var * weight.float() + bias.float()).to(x.dtype), mean, inv_var]
+
+
+# dY, X, scale, mean, inv_var: declared. Natural operands: x [..., C], weight and bias [C]; y like x, the statistics [..., 1].
+LAYERNORM_BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1),
+                               BackwardOperand.output(2))
+_LAYERNORM_VIEWS = OperandViews(inputs=(_rows, _channels, _channels), outputs=lambda x, w, b: [x, _stats_shape(x), _stats_shape(x)])
+_LAYERNORM_BACKWARD_VIEWS = OperandViews(inputs=(_rows, _rows, _channels, _rows, _rows), outputs=lambda dy, x, w, m, s: [x, w, w])
+_layernorm_graphs: Dict[float, int] = {}
+
+
+def layernorm_graph(eps: float) -> int:
+    """The registered layernorm graph for ``eps`` (registered once per value)."""
+    eps = float(eps)
+    with _lock:
+        graph_id = _layernorm_graphs.get(eps)
+        if graph_id is None:
+            graph_id = _layernorm_graphs[eps] = register_graph(
+                layernorm_forward, name=f"nn_layernorm_eps{eps:g}", params=dict(eps=eps), views=_LAYERNORM_VIEWS,
+                backward=Backward.graph(layernorm_backward, operands=LAYERNORM_BACKWARD_OPERANDS, views=_LAYERNORM_BACKWARD_VIEWS),
+                stand_in=functools.partial(torch_layernorm_forward, eps=eps),
+            )
+        return graph_id
+
+
 class RMSNorm(nn.Module):
     """RMS normalization over the last dimension with a learned scale (``weight``).
 
@@ -119,6 +165,25 @@ class RMSNorm(nn.Module):
         # Natural tensors in and out: the graph views them as its 4-D layout (_FORWARD_VIEWS).
         # A layout with no such view (a non-contiguous x) is made contiguous first.
         return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight])[0]
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps:g}"
+
+
+class LayerNorm(nn.Module):
+    """Layer normalization over the last dimension with a learned scale and shift (``weight``,
+    ``bias``), named and initialized as ``nn.LayerNorm``'s; computed in float32 and rounded
+    once to ``x``'s dtype (fp16 or bf16, the parameters' dtype too)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, *, device=None, dtype=None):
+        super().__init__()
+        self.dim, self.eps = dim, float(eps)
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self._graph = layernorm_graph(self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps:g}"

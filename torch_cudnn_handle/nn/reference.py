@@ -19,7 +19,7 @@ from ._layout import merge_heads, split_heads
 from .attention import Attention
 from .block import TransformerBlock
 from .linear import ACTIVATIONS, FusedLinear
-from .norm import RMSNorm
+from .norm import LayerNorm, RMSNorm
 
 __all__ = [
     "LinearReference",
@@ -108,6 +108,8 @@ def _empty_like(module: nn.Module) -> nn.Module:
         return LinearReference(module.in_features, module.out_features, module.activation, device="meta")
     if isinstance(module, RMSNorm):
         return RMSNormReference(module.dim, module.eps, device="meta")
+    if isinstance(module, LayerNorm):
+        return nn.LayerNorm(module.dim, module.eps, device="meta")  # torch's own: weight and bias, named as here
     if isinstance(module, Attention):
         return AttentionReference(module.dim, module.heads, module.causal, device="meta")
     if isinstance(module, TransformerBlock):
