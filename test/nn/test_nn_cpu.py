@@ -60,21 +60,14 @@ def test_fused_linear(activation, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_rmsnorm(dtype):
+@pytest.mark.parametrize("module", [RMSNorm, LayerNorm], ids=lambda m: m.__name__)
+def test_norms(module, dtype):
     torch.manual_seed(0)
-    norm = RMSNorm(48, eps=1e-5, dtype=dtype)
+    norm = module(48, eps=1e-5, dtype=dtype)
     with torch.no_grad():
         norm.weight.copy_(torch.rand(48) + 0.5)
-    _check_module(norm, _x(3, 7, 48, dtype=dtype), dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_layernorm(dtype):
-    torch.manual_seed(0)
-    norm = LayerNorm(48, eps=1e-5, dtype=dtype)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(48) + 0.5)
-        norm.bias.copy_(torch.rand(48) - 0.5)
+        if module is LayerNorm:
+            norm.bias.copy_(torch.rand(48) - 0.5)
     _check_module(norm, _x(3, 7, 48, dtype=dtype), dtype)
 
 

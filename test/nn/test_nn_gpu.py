@@ -80,21 +80,14 @@ def test_fused_linear(activation, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rmsnorm(dtype):
+@pytest.mark.parametrize("module", [RMSNorm, LayerNorm], ids=lambda m: m.__name__)
+def test_norms(module, dtype):
     torch.manual_seed(0)
-    norm = RMSNorm(1024, device="cuda", dtype=dtype)
+    norm = module(1024, device="cuda", dtype=dtype)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
-    check_module(norm, *inputs(4, 64, 1024, dtype=dtype, scale=3.0))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_layernorm(dtype):
-    torch.manual_seed(0)
-    norm = LayerNorm(1024, device="cuda", dtype=dtype)
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-        norm.bias.uniform_(-0.5, 0.5)
+        if module is LayerNorm:
+            norm.bias.uniform_(-0.5, 0.5)
     check_module(norm, *inputs(4, 64, 1024, dtype=dtype, scale=3.0))
 
 

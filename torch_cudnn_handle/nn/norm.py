@@ -84,22 +84,26 @@ _FORWARD_VIEWS = OperandViews(inputs=(_rows, _channels), outputs=lambda x, w: [x
 _BACKWARD_VIEWS = OperandViews(inputs=(_rows, _rows, _channels, _rows), outputs=lambda dy, x, w, s: [x, w])
 
 
-_graphs: Dict[float, int] = {}
+_graphs: Dict[tuple, int] = {}  # (norm, eps) -> its graph id, for the process
 _lock = threading.Lock()
 
 
-def rmsnorm_graph(eps: float) -> int:
-    """The registered rmsnorm graph for ``eps`` (registered once per value)."""
+def _graph_for(norm: str, eps: float, forward, backward, operands, views, backward_views, stand_in) -> int:
+    """The registered ``norm`` graph for ``eps``, registered once per value (``eps`` is part of its definition)."""
     eps = float(eps)
     with _lock:
-        graph_id = _graphs.get(eps)
-        if graph_id is None:
-            graph_id = _graphs[eps] = register_graph(
-                rmsnorm_forward, name=f"nn_rmsnorm_eps{eps:g}", params=dict(eps=eps), views=_FORWARD_VIEWS,
-                backward=Backward.graph(rmsnorm_backward, operands=BACKWARD_OPERANDS, views=_BACKWARD_VIEWS),
-                stand_in=functools.partial(torch_rmsnorm_forward, eps=eps),
+        if (norm, eps) not in _graphs:
+            _graphs[norm, eps] = register_graph(
+                forward, name=f"nn_{norm}_eps{eps:g}", params=dict(eps=eps), views=views,
+                backward=Backward.graph(backward, operands=operands, views=backward_views), stand_in=functools.partial(stand_in, eps=eps),
             )
-        return graph_id
+        return _graphs[norm, eps]
+
+
+def rmsnorm_graph(eps: float) -> int:
+    """The registered rmsnorm graph for ``eps``."""
+    return _graph_for("rmsnorm", eps, rmsnorm_forward, rmsnorm_backward, BACKWARD_OPERANDS, _FORWARD_VIEWS, _BACKWARD_VIEWS,
+                      torch_rmsnorm_forward)
 
 
 def layernorm_forward(graph, x, scale, bias, *, eps: float):
@@ -131,21 +135,12 @@ LAYERNORM_BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0)
                                BackwardOperand.output(2))
 _LAYERNORM_VIEWS = OperandViews(inputs=(_rows, _channels, _channels), outputs=lambda x, w, b: [x, _stats_shape(x), _stats_shape(x)])
 _LAYERNORM_BACKWARD_VIEWS = OperandViews(inputs=(_rows, _rows, _channels, _rows, _rows), outputs=lambda dy, x, w, m, s: [x, w, w])
-_layernorm_graphs: Dict[float, int] = {}
 
 
 def layernorm_graph(eps: float) -> int:
-    """The registered layernorm graph for ``eps`` (registered once per value)."""
-    eps = float(eps)
-    with _lock:
-        graph_id = _layernorm_graphs.get(eps)
-        if graph_id is None:
-            graph_id = _layernorm_graphs[eps] = register_graph(
-                layernorm_forward, name=f"nn_layernorm_eps{eps:g}", params=dict(eps=eps), views=_LAYERNORM_VIEWS,
-                backward=Backward.graph(layernorm_backward, operands=LAYERNORM_BACKWARD_OPERANDS, views=_LAYERNORM_BACKWARD_VIEWS),
-                stand_in=functools.partial(torch_layernorm_forward, eps=eps),
-            )
-        return graph_id
+    """The registered layernorm graph for ``eps``."""
+    return _graph_for("layernorm", eps, layernorm_forward, layernorm_backward, LAYERNORM_BACKWARD_OPERANDS, _LAYERNORM_VIEWS,
+                      _LAYERNORM_BACKWARD_VIEWS, torch_layernorm_forward)
 
 
 class RMSNorm(nn.Module):
