@@ -56,17 +56,26 @@ def reports() -> List[List[Lowered]]:
         return [list(entries) for entries in _reports]
 
 
-def backend(inner: Union[str, Callable] = "inductor") -> Callable:
+def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None) -> Callable:
     """A torch.compile backend: the traced graph lowered (``lower``), then compiled by ``inner``
-    (a backend's name, e.g. "inductor" or "aot_eager", or a backend itself)."""
+    (a backend's name, e.g. "inductor" or "aot_eager", or a backend itself). ``mode``: inductor's
+    (``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``, ...), which ``torch.compile`` takes
+    only without a backend of its own."""
+    if mode is not None and inner != "inductor":
+        raise ValueError(f"lowering.backend: mode={mode!r} is inductor's; pass inner='inductor' with it, or no mode")
 
     def compile_lowered(gm: torch.fx.GraphModule, example_inputs):
         entries = lower(gm)
         with _lock:
             _reports.append(entries)
+        if mode is not None:  # inside a compile: inductor is loaded already
+            from torch._inductor import list_mode_options
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode))
         compile_with = inner
         if isinstance(inner, str):
-            from torch._dynamo.backends.registry import lookup_backend  # loaded with dynamo already: this runs inside a compile
+            from torch._dynamo.backends.registry import lookup_backend
 
             compile_with = lookup_backend(inner)
         return compile_with(gm, example_inputs)

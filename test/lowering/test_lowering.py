@@ -157,3 +157,9 @@ def test_what_the_graph_does_not_compute_is_kept_with_its_reason(variant, reason
     torch.compile(attention, backend=lowering.backend("eager"), fullgraph=True)(q, k, v, mask)
     (entry,) = lowering.reports()[-1]
     assert not entry.lowered and reason in entry.reason
+
+
+def test_a_mode_is_inductors():
+    with pytest.raises(ValueError, match="mode='reduce-overhead' is inductor's; pass inner='inductor' with it"):
+        lowering.backend("aot_eager", mode="reduce-overhead")
+    assert callable(lowering.backend(mode="reduce-overhead"))
