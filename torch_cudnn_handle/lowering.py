@@ -4,8 +4,9 @@
 model as it is written (``F.scaled_dot_product_attention``, ``nn.RMSNorm`` / ``F.rms_norm``,
 ``nn.LayerNorm`` / ``F.layer_norm``, ``nn.Linear`` followed by ``F.gelu`` or ``F.relu``), replaces each match the library serves
 with a call of ``torch.ops.cudnn_fe.execute`` on the graph the ``nn`` modules use (the
-same graphs, their backward included, so autograd, dynamic shapes and CUDA graphs work as
-they do for the modules), and hands the rest to the inner backend (inductor by default).
+same graphs, their backward included, so autograd and dynamic shapes work as they do for
+the modules), and hands the rest to the inner backend (inductor by default). Tested on the
+CPU so far; not yet run on a GPU, nor timed against inductor.
 The parameters stay the model's own: they are the traced graph's inputs.
 
 A match is lowered only where the library's graph computes what torch's op computes and
