@@ -177,3 +177,12 @@ def test_explain_an_sdpa_call_names_its_buckets_and_its_stand_in(fresh_settings)
     assert "torch_attention serves while the plan builds" in text and f"{TAKE_OVER_CALLS}th bucketed call builds its exact plan" in text
     with pytest.raises(TypeError, match="pass a graph id"):
         tch.explain(len, [q])
+
+
+def test_the_ops_stand_in_is_the_graphs_torch_stand_in_where_it_has_one():
+    """The op's Python path offers the interpreter; a graph registered with stand_in= is served
+    by that instead, and so takes the stand_in_calls setting (the interpreter needs its own count)."""
+    resolved = Resolved(stand_in_calls=2)
+    assert decide(definition(stand_in=torch.relu), resolved, CUDA).stand_in == "torch"
+    assert decide(definition(stand_in=torch.relu), resolved, CUDA).stand_in_calls == 2
+    assert decide(PLAIN, resolved, CUDA).stand_in == ""

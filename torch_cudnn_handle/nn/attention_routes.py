@@ -11,8 +11,7 @@ length used often runs at an exact plan's steady cost. Never under deterministic
 algorithms (one plan, built in the call: bitwise across calls), never while compiling or
 capturing (what is built serves). These are cases of the call's route (registry/routes.py,
 Note [One route per call]): ``attention_route`` asks for it, with torch's attention as the
-stand-in, and keeps it per layout once nothing is left to decide per call (no stand-in, or
-the plan that serves the layout is ready). A length's results can change within the
+stand-in, and keeps it per layout; whether the plan is ready is asked per call, until it is. A length's results can change within the
 engines' numerics at two points: torch's attention to its bucket's plan, and that to its
 exact plan.
 """
@@ -36,31 +35,29 @@ _KEPT_LIMIT = 4096  # the most layouts each table below keeps, for the process (
 
 
 # Routes kept per call layout (exact graph, tensor type, device, q/k/v shapes and strides,
-# dtype, deterministic mode) once nothing is left to decide per call: no stand-in, or the
-# plan that serves the layout is ready (Note [Attention off the caller's path]). Cleared
-# when a setting a route reads changes; for the process, at most _KEPT_LIMIT layouts.
-_settled: Dict[tuple, Route] = {}
+# dtype, deterministic mode): a route is decided once per layout (Note [One route per call]);
+# what changes call by call is whether the plan is ready, which _ready and the graph cache
+# answer (a captured call's own lookup never gets a stand-in). Cleared when a setting a route
+# reads changes; for the process, at most _KEPT_LIMIT layouts.
+_routes: Dict[tuple, Route] = {}
 
 
 def attention_route(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, uniform: bool) -> Route:
     """nn.sdpa's route for this eager call (registry/routes.py decides, torch's attention the
-    stand-in); a steady call finds it kept, with one dict lookup."""
+    stand-in); a later call at the layout finds it kept, with one dict lookup."""
     key = (exact_graph, type(q), q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
            torch.are_deterministic_algorithms_enabled())
-    route = _settled.get(key)
-    if route is not None:
-        return route
-    route = route_of(exact_graph, [q, k, v], stand_in="torch_attention", uniform_lengths=uniform)
-    layout = _layout_key(exact_graph, q, k, v)
-    settled = not route.stand_in or (_bucketed_calls.get(layout) == _TOOK_OVER if route.buckets == "length"
-                                     else _ready_key(exact_graph, [q, k, v]) in _ready)
-    if settled and len(_settled) < _KEPT_LIMIT:
-        _settled[key] = route
+    route = _routes.get(key)
+    if route is None:
+        route = route_of(exact_graph, [q, k, v], stand_in="torch_attention", uniform_lengths=uniform)
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()  # a capture's route has no stand-in
+        if len(_routes) < _KEPT_LIMIT and not capturing:
+            _routes[key] = route
     return route
 
 
 for _field in dataclasses.fields(registry.Resolved):  # a setting a route reads changes: decide again
-    settings.watch(_field.name, lambda _value: _settled.clear())
+    settings.watch(_field.name, lambda _value: _routes.clear())
 
 
 @trace_constants.constant("sdpa_length_buckets")

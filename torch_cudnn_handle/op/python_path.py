@@ -35,17 +35,19 @@ from .checks import call_device, check_in_place, check_out, check_out_overlap, k
 __all__ = ["built_for_call", "plan_ready", "execute", "execute_out", "execute_in_place"]
 
 
-def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: str = ""):
+def built_for_call(graph_id: int, inputs: Sequence[torch.Tensor], call: bool = True, stand_in: str = "interpreter"):
     """The graph built for these inputs; ``call``: the op runs it now (a pending native
-    hand-over happens first), else only its layout is wanted. None while the graph builds
-    off the call's path, where its route says: the caller's ``stand_in`` serves instead
-    (by default the op's: the graph's torch stand-in, else the interpreter: stand_in.py)."""
-    stand_in = stand_in or ("torch" if registry.definition(graph_id).stand_in is not None else "interpreter")
+    hand-over happens first, and the call is counted under its route), else only its layout
+    is wanted. None while the graph builds off the call's path, where its route says: the
+    caller's ``stand_in`` serves instead (by default the op's: stand_in.py)."""
     device = call_device(graph_id, inputs)
     if device.type != "cuda":  # the C++ kernel binds the first CUDA input's device; the rest is this rule's
         refuse_off_gpu(graph_id, inputs)
-    return registry.built_for(graph_id, device.index, inputs, key_specs(inputs), torch.are_deterministic_algorithms_enabled(), call=call,
-                              stand_in=stand_in)
+    built = registry.built_for(graph_id, device.index, inputs, key_specs(inputs), torch.are_deterministic_algorithms_enabled(), call=call,
+                               stand_in=stand_in)
+    if call and built is not None:
+        registry.count_call(built.route.label)
+    return built
 
 
 def plan_ready(graph_id: int, inputs: Sequence[torch.Tensor], stand_in: str) -> bool:
@@ -135,8 +137,6 @@ def _run_into(graph_id: int, built, inputs: Sequence[torch.Tensor], out: Sequenc
 
 def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
     built = built_for_call(graph_id, inputs)
-    if built is not None:
-        registry.count_call(built.route.label)
     if built is None:
         return stood_in(graph_id, inputs)
     if built.route.runs_on == "interpreter":
@@ -163,8 +163,6 @@ def execute(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
 
 def execute_out(graph_id: int, inputs: List[torch.Tensor], *, out: List[torch.Tensor]) -> None:
     built = built_for_call(graph_id, inputs)
-    if built is not None:
-        registry.count_call(built.route.label)
     if built is None:
         return stood_in_out(graph_id, inputs, out=out)
     if built.route.runs_on == "interpreter":
@@ -185,8 +183,6 @@ def execute_in_place(graph_id: int, inputs: List[torch.Tensor]) -> List[torch.Te
     """execute_ on the Python path; ``inputs`` in the builder's order (the C++ kernel
     merged them). Returns the outputs not written in place."""
     built = built_for_call(graph_id, inputs)
-    if built is not None:
-        registry.count_call(built.route.label)
     if built is None or built.route.runs_on == "interpreter":
         return reference.execute_in_place(graph_id, inputs)
     writes = check_in_place(graph_id, built.layout, inputs, [TensorSpec.of(t) for t in inputs])

@@ -178,10 +178,11 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
     calls]): (the stand-in or "", how many calls it serves, why). The serving mode
     (background_builds) wins where both are asked for; neither under deterministic algorithms."""
     serving, serving_reason = _chosen(definition, "background_builds", "background_builds", resolved)
+    stand_in = "torch" if facts.stand_in == "interpreter" and definition.stand_in is not None else facts.stand_in  # the op's: the graph's own
     given = definition.stand_in_calls
     if given is not None:
         count, count_reason = given, f"register_graph(stand_in_calls={given})"
-    elif facts.stand_in == "interpreter":  # float32 and unfused: a graph opts in to it, with its own count
+    elif stand_in == "interpreter":  # float32 and unfused: a graph opts in to it, with its own count
         count, count_reason = 0, "the interpreter would stand in (no torch stand-in: register_graph(stand_in=)), which needs register_graph(stand_in_calls=N)"
     else:
         count, count_reason = resolved.stand_in_calls, f"the stand_in_calls setting is {resolved.stand_in_calls}"
@@ -190,15 +191,15 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
     reason = serving_reason if serving else count_reason
     for fact, said in ((facts.deterministic, "under deterministic algorithms (one implementation per run)"),
                        (facts.capturing, "while capturing a CUDA graph (no build can be part of it: warm up first)"),
-                       (facts.compiling, "while tracing"), (not facts.stand_in, "(its caller has no stand-in)"),
+                       (facts.compiling, "while tracing"), (not stand_in, "(its caller has no stand-in)"),
                        (facts.background_failed, "(its background build failed: this call builds it and sees the error)")):
         if fact:
             return "", 0, f"the call waits for its plan {said}, though {reason}"
     if serving:
-        return facts.stand_in, -1, (f"{facts.stand_in} serves while the plan builds on a build thread, until it is ready (which calls it "
-                                    f"serves depends on the build's time: the serving mode): {reason}")
-    return facts.stand_in, count, (f"{facts.stand_in} serves this layout's first {count} calls while the plan builds on a build thread; "
-                                   f"call {count + 1} waits for it (reproducible: the same calls whatever the build takes): {reason}")
+        return stand_in, -1, (f"{stand_in} serves while the plan builds on a build thread, until it is ready (which calls it serves "
+                              f"depends on the build's time: the serving mode): {reason}")
+    return stand_in, count, (f"{stand_in} serves this layout's first {count} calls while the plan builds on a build thread; "
+                             f"call {count + 1} waits for it (reproducible: the same calls whatever the build takes): {reason}")
 
 
 def _native(resolved: Resolved, facts: Facts, after_stand_in: bool) -> Tuple[str, str]:
