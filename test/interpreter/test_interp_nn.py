@@ -45,7 +45,8 @@ def test_fused_linear_forward_and_its_declared_backward_steps(activation, dtype)
     expected.backward(dy.double())
     dz = dy
     if activation is not None:
-        pointwise, read = (linear.RELU_BACKWARD_ROWS, y) if activation == "relu" else (linear.GELU_BACKWARD_ROWS, _natural(outputs[1], layout.outputs[1]))
+        pointwise, read = ((linear.RELU_BACKWARD_ROWS, y) if activation == "relu" else
+                           (linear.Z_BACKWARD_ROWS[activation], _natural(outputs[1], layout.outputs[1])))
         (dz,), dz_layout = run_registered(pointwise, [dy, read])
         dz = _natural(dz, dz_layout.outputs[0])
     (dx,), dx_layout = run_registered(linear.MATMUL_DX, [dz, module.weight.detach()])

@@ -1,84 +1,22 @@
-"""The torch.compile lowering (torch_cudnn_handle/lowering.py), on models written as users write
+"""The torch.compile lowering (torch_cudnn_handle/lowering/), on models written as users write
 them: a GPT-2-style block (LayerNorms, attention, a linear + gelu MLP) and a Llama-style decoder
-layer (RMSNorm, bias-free projections, attention, a SwiGLU MLP). What the library serves is
+layer (RMSNorm, torch's or written by hand, bias-free projections, grouped-query attention, a
+SwiGLU MLP). What the library serves is
 replaced by its graphs and what it does not is kept, with the reason; outputs and gradients
 agree with the same model compiled without the lowering within bf16's numerics; one compiled
 frame serves every length with dynamic=True; the parameters are the model's own. On the CPU:
 the op runs each graph through its reference interpreter."""
-
-import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from support.compiled_pairs import assert_agree, compiled_pair
+from support.models import GPT2Block, LlamaLayer, WrittenRMSNorm
 from torch_cudnn_handle import lowering
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
-
-
-class GPT2Block(nn.Module):
-    def __init__(self, dim=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.c_fc, self.mlp_proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=-1)
-        q, k, v = (u.view(b, t, self.heads, d // self.heads).transpose(1, 2) for u in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.c_proj(a)
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
-class LlamaLayer(nn.Module):
-    def __init__(self, dim=64, heads=4, kv_heads=4, hidden=128):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.input_layernorm, self.post_attention_layernorm = nn.RMSNorm(dim, eps=1e-6), nn.RMSNorm(dim, eps=1e-6)
-        self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj, self.v_proj = (nn.Linear(dim, kv_heads * self.head_dim, bias=False) for _ in range(2))
-        self.o_proj = nn.Linear(dim, dim, bias=False)
-        self.gate_proj, self.up_proj = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        h = self.input_layernorm(x)
-        q = self.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k, v = (p(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2) for p in (self.k_proj, self.v_proj))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, d))
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-def compiled_pair(model, **compile_options):
-    torch.manual_seed(0)
-    model = model.to(torch.bfloat16)
-    plain = torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True, **compile_options)
-    lowered = torch.compile(model, backend=lowering.backend("aot_eager"), fullgraph=True, **compile_options)
-    return model, plain, lowered
-
-
-def outputs_and_gradients(compiled, model, x):
-    x = x.detach().clone().requires_grad_(True)
-    y = compiled(x)
-    grads = torch.autograd.grad(y.float().square().sum(), [x, *model.parameters()])
-    return y, grads
-
-
-def assert_agree(plain, lowered, plain_model, model, x):
-    y0, g0 = outputs_and_gradients(plain, plain_model, x)
-    y1, g1 = outputs_and_gradients(lowered, model, x)
-    torch.testing.assert_close(y1.float(), y0.float(), rtol=2e-2, atol=3e-2)
-    for a, b in zip(g1, g0):
-        scale = float(b.float().abs().max()) or 1.0
-        torch.testing.assert_close(a.float() / scale, b.float() / scale, rtol=0, atol=3e-2)
 
 
 def decisions():
@@ -95,27 +33,47 @@ def test_a_gpt2_block_has_its_layer_norms_attention_and_gelu_mlp_lowered():
     assert len(kept) == 3 and all("plain linear stays" in reason for reason in kept)
 
 
-def test_a_llama_layer_has_its_rms_norms_and_attention_lowered_and_its_swiglu_kept():
-    model, plain, lowered = compiled_pair(LlamaLayer())
+@pytest.mark.parametrize("norm", [nn.RMSNorm, WrittenRMSNorm], ids=["nn.RMSNorm", "written"])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_a_llama_layer_has_its_rms_norms_attention_and_swiglu_lowered(norm, kv_heads):
+    model, plain, lowered = compiled_pair(LlamaLayer(kv_heads=kv_heads, norm=norm))
     x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
     assert_agree(plain, lowered, plain._orig_mod, model, x)
     found, entries = decisions()
-    assert [e.pattern for e in entries if e.lowered] == ["rms_norm", "attention", "rms_norm"]
-    assert any(e.reason == "no library graph for SiLU / SwiGLU yet" for e in entries)
+    assert [e.pattern for e in entries if e.lowered] == ["rms_norm", "attention", "rms_norm", "linear_activation"]
+    onto = [e.reason for e in entries if e.lowered]
+    assert ("grouped-query" in onto[1]) == (kv_heads == 2) and "SwiGLU's gate graph" in onto[3]
+    assert all(("written by hand" in onto[i]) == (norm is WrittenRMSNorm) for i in (0, 2))
+    kept = [e for e in entries if not e.lowered]  # q, k, v, o, up and down: plain linears
+    assert len(kept) == 6 and all("plain linear stays" in e.reason for e in kept)
     lowered(x).float().square().sum().backward()  # the model's own parameters get the gradients: no copies
     assert all(parameter.grad is not None for parameter in model.parameters())
     assert model.state_dict().keys() == plain._orig_mod.state_dict().keys()
 
 
-def test_grouped_query_attention_is_kept_with_its_reason():
-    model, plain, lowered = compiled_pair(LlamaLayer(kv_heads=2))
-    x = torch.randn(1, 8, 64, dtype=torch.bfloat16)
-    assert_agree(plain, lowered, plain._orig_mod, model, x)
-    (attention,) = [e for e in lowering.reports()[-1] if e.pattern == "attention"]
-    assert not attention.lowered and "grouped-query" in attention.reason
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_a_linear_and_its_activation_are_lowered_with_or_without_a_bias(activation, bias):
+    model = nn.Sequential(nn.Linear(32, 48, bias=bias), {"relu": nn.ReLU(), "gelu": nn.GELU(), "silu": nn.SiLU()}[activation])
+    model, plain, lowered = compiled_pair(model)
+    assert_agree(plain, lowered, plain._orig_mod, model, torch.randn(3, 5, 32, dtype=torch.bfloat16))
+    (entry,) = lowering.reports()[-1]
+    assert entry.lowered and f"FusedLinear's {activation} graph" in entry.reason and ("without a bias" in entry.reason) != bias
 
 
-def test_one_frame_serves_every_length_with_dynamic_shapes():
+def test_a_written_norm_that_is_not_rms_norm_is_kept():
+    def not_quite(x, weight):  # the mean over the first dim: not a norm over the last dim
+        x32 = x.to(torch.float32)
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(0, keepdim=True) + 1e-6)).to(x.dtype)
+
+    x, weight = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.compile(not_quite, backend=lowering.backend("eager"), fullgraph=True)(x, weight), not_quite(x, weight))
+    (entry,) = lowering.reports()[-1]
+    assert entry.pattern == "rms_norm" and not entry.lowered and "not the RMSNorm form" in entry.reason
+
+
+@pytest.mark.parametrize("specialize_float", [False, True])
+def test_one_frame_serves_every_length_with_dynamic_shapes(specialize_float):
     frames = []
 
     def counting(gm, example_inputs):
@@ -124,20 +82,25 @@ def test_one_frame_serves_every_length_with_dynamic_shapes():
 
     torch.manual_seed(0)
     model = GPT2Block().to(torch.bfloat16)
-    compiled = torch.compile(model, backend=lowering.backend(counting), fullgraph=True, dynamic=True)
-    for length in (12, 20, 33):
-        x = torch.randn(2, length, 64, dtype=torch.bfloat16)
-        torch.testing.assert_close(compiled(x).float(), model(x).float(), rtol=2e-2, atol=3e-2)
+    with torch._dynamo.config.patch(specialize_float=specialize_float):
+        compiled = torch.compile(model, backend=lowering.backend(counting), fullgraph=True, dynamic=True)
+        for length in (12, 20, 33):
+            x = torch.randn(2, length, 64, dtype=torch.bfloat16)
+            torch.testing.assert_close(compiled(x).float(), model(x).float(), rtol=2e-2, atol=3e-2)
     assert len(frames) == 1
-    assert sum("cudnn_fe.execute" in str(n.target) for n in frames[0].graph.nodes) == 2  # the attention, the MLP's first linear
-    kept = {e.reason for e in lowering.reports()[-1] if e.pattern == "layer_norm"}
-    assert kept == {"eps is an input of the traced graph, not a constant (torch.compile(dynamic=True) lifts a module's float "
-                    "attributes): the graph bakes eps in"}
+    lowered = sum("cudnn_fe.execute" in str(n.target) for n in frames[0].graph.nodes)
+    kept = {e.reason for e in lowering.reports()[-1] if e.pattern == "layer_norm" and not e.lowered}
+    if specialize_float:  # the LayerNorms' eps stays a constant: they are lowered too
+        assert lowered == 4 and not kept
+    else:  # the attention, the MLP's first linear
+        assert lowered == 2 and kept == {
+            "eps is an input of the traced graph, not a constant (torch.compile(dynamic=True) lifts a module's float attributes): the "
+            "graph bakes eps in; torch._dynamo.config.specialize_float = True keeps it a constant"}
 
 
 @pytest.mark.parametrize("variant, reason", [
     ("float32", "cuDNN attention takes float16 or bfloat16"),
-    ("mask", "an attention mask"),
+    ("mask", "a 2-D mask"),
     ("dropout", "dropout"),
     ("scale", "not the default 1/sqrt(16)"),
 ])
@@ -163,3 +126,27 @@ def test_a_mode_is_inductors():
     with pytest.raises(ValueError, match="mode='reduce-overhead' is inductor's; pass inner='inductor' with it"):
         lowering.backend("aot_eager", mode="reduce-overhead")
     assert callable(lowering.backend(mode="reduce-overhead"))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_masked_attention_is_lowered_with_the_mask_as_a_bias(kind):
+    class Masked(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    keep = torch.rand(2, 1, 16, 16) > 0.3
+    keep[..., 0] = True  # every query keeps a key
+    mask = keep if kind == "bool" else torch.zeros(keep.shape, dtype=torch.bfloat16).masked_fill(~keep, -1e4)
+    lowered = torch.compile(Masked(), backend=lowering.backend("aot_eager"), fullgraph=True)
+    y = lowered(q, k, v, mask)
+    (entry,) = lowering.reports()[-1]
+    assert entry.lowered and "the mask as a bias" in entry.reason
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*leaves, attn_mask=mask if kind == "bool" else mask.double())
+    torch.testing.assert_close(y.double(), expected, rtol=2e-2, atol=2e-2)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [q, k, v], dy)
+    for got, want in zip(grads, torch.autograd.grad(expected, leaves, dy.double())):
+        torch.testing.assert_close(got.double(), want, rtol=3e-2, atol=3e-2)

@@ -71,12 +71,46 @@ def inputs(*shape, dtype, scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("activation", ["relu", "gelu", None])
-def test_fused_linear(activation, dtype):
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", None])
+def test_fused_linear(activation, bias, dtype):
     torch.manual_seed(0)
-    layer = FusedLinear(256, 384, activation, device="cuda", dtype=dtype)
+    layer = FusedLinear(256, 384, activation, bias=bias, device="cuda", dtype=dtype)
     x = torch.randn(4, 64, 256, device="cuda").to(dtype)
     check_module(layer, x, torch.randn(4, 64, 384, device="cuda").to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_gate(dtype):
+    """silu(x W^T) * up on its graph, each backward graph alone, and the autograd node's four
+    steps, against torch in float32 (every comparison made before any is asserted)."""
+    from torch_cudnn_handle.nn.swiglu import SWIGLU_DUP, SWIGLU_DZ, SWIGLU_GATE
+
+    torch.manual_seed(0)
+    leaves = [torch.randn(4, 64, 256, device="cuda"), torch.randn(384, 256, device="cuda") / 16, torch.randn(4, 64, 384, device="cuda")]
+    dy, z = torch.randn(4, 64, 384, device="cuda"), torch.randn(4, 64, 384, device="cuda")
+
+    def run_gate(fn, dtype):
+        x, w, up = (t.to(dtype).requires_grad_() for t in leaves)
+        y = fn(x, w, up)
+        y.backward(dy.to(dtype))
+        return [y.detach(), x.grad, w.grad, up.grad]
+
+    def dz_dup(dtype):
+        up, g, pre = (t.to(dtype) for t in (leaves[2], dy, z))
+        return [torch.ops.aten.silu_backward(g, pre) * up, g * F.silu(pre)]
+
+    ours = run_gate(lambda x, w, up: tch_execute(SWIGLU_GATE, [x, w, up])[0], dtype)
+    ours += [tch_execute(SWIGLU_DZ, [t.to(dtype) for t in (dy, leaves[2], z)])[0], tch_execute(SWIGLU_DUP, [dy.to(dtype), z.to(dtype)])[0]]
+    torch32 = run_gate(lambda x, w, up: F.silu(F.linear(x, w)) * up, torch.float32) + dz_dup(torch.float32)
+    lowp = run_gate(lambda x, w, up: F.silu(F.linear(x, w)) * up, dtype) + dz_dup(dtype)
+    errors = []
+    for what, a, b, c in zip(("output", "dx", "dw", "dup", "dz graph", "dup graph"), ours, torch32, lowp):
+        try:
+            assert_close(a, b, c, what)
+        except AssertionError as error:
+            errors.append(str(error))
+    assert not errors, errors
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

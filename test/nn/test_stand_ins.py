@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle.nn.linear import GELU_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW, MATMUL_DX, RELU_BACKWARD_ROWS
+from torch_cudnn_handle.nn.linear import (BIAS_FREE_LINEAR_GRAPHS, GELU_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW, MATMUL_DX, RELU_BACKWARD_ROWS,
+                                          SILU_BACKWARD_ROWS)
 from torch_cudnn_handle.nn.norm import rmsnorm_graph
+from torch_cudnn_handle.nn.swiglu import SWIGLU_DUP, SWIGLU_DZ, SWIGLU_GATE
 from torch_cudnn_handle.op import stand_in
 
 torch.manual_seed(0)
@@ -16,8 +18,13 @@ X, W, B = torch.randn(2, 5, 16), torch.randn(8, 16), torch.randn(8)
 DY = torch.randn(2, 5, 8)
 CASES = {
     **{f"linear_{a}": (LINEAR_GRAPHS[a], [X, W, B]) for a in LINEAR_GRAPHS},
+    **{f"bias_free_linear_{a}": (BIAS_FREE_LINEAR_GRAPHS[a], [X, W]) for a in BIAS_FREE_LINEAR_GRAPHS},
     "relu_backward": (RELU_BACKWARD_ROWS, [DY, torch.relu(torch.randn(2, 5, 8))]),
     "gelu_backward": (GELU_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
+    "silu_backward": (SILU_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
+    "swiglu_gate": (SWIGLU_GATE, [X, W, torch.randn(2, 5, 8)]),
+    "swiglu_dz": (SWIGLU_DZ, [DY, torch.randn(2, 5, 8), torch.randn(2, 5, 8)]),
+    "swiglu_dup": (SWIGLU_DUP, [DY, torch.randn(2, 5, 8)]),
     "dx": (MATMUL_DX, [DY, W]),
     "dw": (MATMUL_DW, [DY, X]),
     "rmsnorm": (rmsnorm_graph(1e-5), [X, torch.rand(16) + 0.5]),

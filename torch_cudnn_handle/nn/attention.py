@@ -32,7 +32,7 @@ from .attention_buckets import _mask, _scale, bucketed_sdpa
 from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in
 from .linear import FusedLinear
 
-__all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "sdpa_inference_forward"]
+__all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "SDPA_BIAS_GRAPH", "SDPA_BIAS_INFERENCE_GRAPH", "sdpa_inference_forward"]
 
 
 def sdpa_forward(graph, q, k, v, *, causal: bool):
@@ -106,6 +106,43 @@ SDPA_INFERENCE_GRAPHS = {
     causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", params=dict(causal=causal))
     for causal in (False, True)
 }
+
+
+# Attention with an additive bias ``[B or 1, H or 1, S_q, S_kv]`` of q's dtype added to the
+# scaled scores: a mask given as a bias (0 where kept, -inf where not), what the lowering
+# puts in place of ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``. The bias
+# takes no gradient (a mask has none).
+
+
+def sdpa_bias_forward(graph, q, k, v, bias):
+    b, h, s_q, _ = q.dim
+    o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, bias=bias, generate_stats=True, attn_scale=_scale(q), use_padding_mask=False)
+    o_dim, stats_dim = [b, h, s_q, v.dim[3]], [b, h, s_q, 1]
+    return [declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type), declare(stats, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT)]
+
+
+def sdpa_bias_inference_forward(graph, q, k, v, bias):
+    b, h, s_q, _ = q.dim
+    o, _ = graph.sdpa(name="sdpa", q=q, k=k, v=v, bias=bias, generate_stats=False, attn_scale=_scale(q), use_padding_mask=False)
+    o_dim = [b, h, s_q, v.dim[3]]
+    return declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
+
+
+def sdpa_bias_backward(graph, q, k, v, bias, o, d_o, stats):
+    """``dQ, dK, dV``; none for the bias."""
+    dq, dk, dv = graph.sdpa_backward(
+        name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats, bias=bias, attn_scale=_scale(q), use_padding_mask=False,
+        use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(),
+    )
+    return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))] + [None]
+
+
+SDPA_BIAS_GRAPH = register_graph(
+    sdpa_bias_forward,
+    name="nn_sdpa_bias",
+    backward=Backward.graph(sdpa_bias_backward, operands=BACKWARD_OPERANDS[:3] + (BackwardOperand.input(3),) + BACKWARD_OPERANDS[3:]),
+)
+SDPA_BIAS_INFERENCE_GRAPH = register_graph(sdpa_bias_inference_forward, name="nn_sdpa_bias_inference")
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """``FusedLinear``: ``act(x @ W^T + b)`` as one cuDNN graph, and its backward.
 
-Forward: one graph per activation, matmul -> bias add -> activation fused in the
-matmul's epilogue. The batch dimensions are folded into the rows first: the
+Forward: one graph per activation and bias (or none), matmul -> bias add -> activation
+fused in the matmul's epilogue. The batch dimensions are folded into the rows first: the
 frontend's matmul takes 3-D ``[batch, M, K] @ [batch, K, N]`` tensors, and one
 ``[1, B*M, K] @ [1, K, N]`` product is the same GEMM torch's ``linear`` runs, with
 no question of whether a batch-1 weight broadcasts over a batch of inputs.
@@ -11,12 +11,12 @@ up to three small graphs and a torch sum, which the op's autograd node runs as o
 node in C++ (no Python per step):
 
   * ``dZ``: the activation's backward, pointwise (relu from the output ``y``;
-    gelu from the pre-activation ``z``, which the gelu forward graph writes as a
+    gelu and silu from the pre-activation ``z``, which their forward graphs write as a
     second output, as the frontend's own swiglu op saves its pre-activations, so
     the backward needs no recompute GEMM); ``dZ = dY`` without an activation;
   * ``dX = dZ @ W`` and ``dW = dZ^T @ X``: the matmul graph, on transposed *views*
     (strides, never copies), each only when its gradient is needed;
-  * ``db``: ``dZ`` summed to the bias's shape (a reduction torch does well).
+  * ``db``: ``dZ`` summed to the bias's shape (a reduction torch does well), where there is a bias.
 
 The weight is stored as torch's ``nn.Linear`` stores it, ``[out, in]``, so a state
 dict moves between this module and its plain-torch reference unchanged. Every graph
@@ -39,9 +39,11 @@ from ..op import execute
 from ..registry import Backward, BackwardOperand, BackwardStep, OperandViews, register_graph
 from ._layout import declare, row_major
 
-__all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD", "GELU_BACKWARD"]
+__all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "BIAS_FREE_LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD",
+           "GELU_BACKWARD"]
 
-ACTIVATIONS = (None, "relu", "gelu")
+ACTIVATIONS = (None, "relu", "gelu", "silu")
+_WRITES_Z = ("gelu", "silu")  # activations whose backward reads the pre-activation z: their forward writes it too
 
 
 # ---------------------------------------------------------------------------------
@@ -59,18 +61,25 @@ def matmul(graph, a, b):
 
 
 def linear_forward(graph, x, w, b, *, activation: Optional[str]):
-    """``act(x @ w + b)``; with gelu also the pre-activation ``x @ w + b``."""
+    """``act(x @ w + b)`` (``x @ w`` for ``b=None``); with gelu and silu also the pre-activation."""
     dim = _product_dims(x, w)
     stride = row_major(dim)
-    z = graph.add(graph.matmul(x, w, name="mm"), b, name="bias")
+    z = graph.matmul(x, w, name="mm")
+    if b is not None:
+        z = graph.add(z, b, name="bias")
     if activation is None:
         return declare(z, dim, stride, x.data_type)
     if activation == "relu":
         return declare(graph.relu(z, name="act"), dim, stride, x.data_type)
-    if activation == "gelu":
-        y = declare(graph.gelu(z, name="act"), dim, stride, x.data_type)
-        return [y, declare(z, dim, stride, x.data_type)]
+    if activation in _WRITES_Z:
+        act = graph.gelu(z, name="act") if activation == "gelu" else graph.swish(z, swish_beta=1.0, name="act")
+        return [declare(act, dim, stride, x.data_type), declare(z, dim, stride, x.data_type)]
     raise ValueError(f"FusedLinear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def bias_free_linear_forward(graph, x, w, *, activation: Optional[str]):
+    """``act(x @ w)``: a linear without a bias (Llama's projections)."""
+    return linear_forward(graph, x, w, None, activation=activation)
 
 
 def relu_backward(graph, dy, y):
@@ -83,13 +92,24 @@ def gelu_backward(graph, dy, z):
     return declare(graph.gelu_backward(dy, z, name="dgelu"), dy.dim, row_major(dy.dim), dy.data_type)
 
 
+def silu_backward(graph, dy, z):
+    """``dy * silu'(z)``."""
+    return declare(graph.swish_backward(dy, z, swish_beta=1.0, name="dsilu"), dy.dim, row_major(dy.dim), dy.data_type)
+
+
 # The graphs' torch stand-ins (Note [A new layout's first calls]): the same outputs from torch
 # ops, on the op's natural operands, in their dtype.
 
 
 def torch_linear_forward(x, w, b, *, activation: Optional[str]):
     z = F.linear(x, w, b)
-    return z if activation is None else torch.relu(z) if activation == "relu" else [F.gelu(z), z]
+    if activation in _WRITES_Z:
+        return [F.gelu(z) if activation == "gelu" else F.silu(z), z]
+    return z if activation is None else torch.relu(z)
+
+
+def torch_bias_free_linear_forward(x, w, *, activation: Optional[str]):
+    return torch_linear_forward(x, w, None, activation=activation)
 
 
 def torch_relu_backward(dy, y):
@@ -98,6 +118,10 @@ def torch_relu_backward(dy, y):
 
 def torch_gelu_backward(dy, z):
     return torch.ops.aten.gelu_backward(dy, z)
+
+
+def torch_silu_backward(dy, z):
+    return torch.ops.aten.silu_backward(dy, z)
 
 
 def torch_dx(dz, w):
@@ -133,12 +157,10 @@ def _like_rows(*shapes):
     return [shapes[0]]
 
 
-def forward_views(activation: Optional[str]) -> OperandViews:
-    outputs = 2 if activation == "gelu" else 1  # gelu also writes z, for its backward
-    return OperandViews(
-        inputs=(_rows, lambda w: w.unsqueeze(0).mT, lambda b: b.view(1, 1, -1)),
-        outputs=lambda x, w, b: [(*x[:-1], w[0])] * outputs,
-    )
+def forward_views(activation: Optional[str], bias: bool = True) -> OperandViews:
+    outputs = 2 if activation in _WRITES_Z else 1  # gelu and silu also write z, for their backward
+    inputs = (_rows, lambda w: w.unsqueeze(0).mT) + ((lambda b: b.view(1, 1, -1)),) * bias
+    return OperandViews(inputs=inputs, outputs=lambda x, w, *b: [(*x[:-1], w[0])] * outputs)
 
 
 # The backward's graphs on natural operands: dZ [..., N] from dY and y (relu) or z (gelu);
@@ -146,6 +168,8 @@ def forward_views(activation: Optional[str]) -> OperandViews:
 _POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
 RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS, stand_in=torch_relu_backward)
 GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS, stand_in=torch_gelu_backward)
+SILU_BACKWARD_ROWS = register_graph(silu_backward, name="nn_linear_silu_backward", views=_POINTWISE_VIEWS, stand_in=torch_silu_backward)
+Z_BACKWARD_ROWS = {"gelu": GELU_BACKWARD_ROWS, "silu": SILU_BACKWARD_ROWS}
 MATMUL_DX = register_graph(
     matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
     stand_in=torch_dx,
@@ -154,38 +178,40 @@ MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(input
                            stand_in=torch_dw)
 
 
-def _backward_steps(activation: Optional[str]):
+def _backward_steps(activation: Optional[str], bias: bool):
     """The backward as declared steps, run by the op's autograd node in C++: ``dZ`` (the
     activation's backward; ``dY`` itself without one), ``dX`` only when x needs a
     gradient (it reads W), ``dW`` only when the weight does (it reads x), and ``db``, dZ
-    summed to the bias's shape (a torch sum). The gelu graph's second output, z, is
-    read here and takes no gradient: it is non-differentiable."""
+    summed to the bias's shape (a torch sum). The gelu and silu graphs' second output, z,
+    is read here and takes no gradient: it is non-differentiable."""
     op = BackwardOperand
     steps = []
     dz = op.grad(0)
     if activation is not None:
-        pointwise, read = (RELU_BACKWARD_ROWS, op.output(0)) if activation == "relu" else (GELU_BACKWARD_ROWS, op.output(1))
+        pointwise, read = (RELU_BACKWARD_ROWS, op.output(0)) if activation == "relu" else (Z_BACKWARD_ROWS[activation], op.output(1))
         steps.append(BackwardStep(pointwise, [op.grad(0), read]))
         dz = op.step(0)
     dx, dw = len(steps), len(steps) + 1
     steps.append(BackwardStep(MATMUL_DX, [dz, op.input(1)], for_grads=[0]))
     steps.append(BackwardStep(MATMUL_DW, [dz, op.input(0)], for_grads=[1]))
-    return steps, [op.step(dx), op.step(dw), dz.sum_to_input()]
+    return steps, [op.step(dx), op.step(dw)] + [dz.sum_to_input()] * bias
 
 
-def _register_linear(activation: Optional[str]) -> int:
-    steps, grads = _backward_steps(activation)
+def _register_linear(activation: Optional[str], bias: bool) -> int:
+    steps, grads = _backward_steps(activation, bias)
+    forward, stand_in = (linear_forward, torch_linear_forward) if bias else (bias_free_linear_forward, torch_bias_free_linear_forward)
     return register_graph(
-        linear_forward,
-        name=f"nn_linear_{activation or 'identity'}",
+        forward,
+        name=f"nn_linear_{activation or 'identity'}" + ("" if bias else "_bias_free"),
         params=dict(activation=activation),
-        views=forward_views(activation),
+        views=forward_views(activation, bias),
         backward=Backward.steps(steps, grads=grads),
-        stand_in=functools.partial(torch_linear_forward, activation=activation),
+        stand_in=functools.partial(stand_in, activation=activation),
     )
 
 
-LINEAR_GRAPHS = {activation: _register_linear(activation) for activation in ACTIVATIONS}
+LINEAR_GRAPHS = {activation: _register_linear(activation, bias=True) for activation in ACTIVATIONS}
+BIAS_FREE_LINEAR_GRAPHS = {activation: _register_linear(activation, bias=False) for activation in ACTIVATIONS}
 
 
 # ---------------------------------------------------------------------------------
@@ -197,25 +223,28 @@ class FusedLinear(nn.Module):
 
     ``x`` is ``[..., in_features]`` (typically ``[B, M, K]``), fp16 or bf16, of the
     parameters' dtype; the result is ``[..., out_features]``. ``activation`` is
-    ``"relu"``, ``"gelu"`` (exact, erf) or ``None``. Parameters are named and laid
-    out as ``nn.Linear``'s and initialized the same way.
+    ``"relu"``, ``"gelu"`` (exact, erf), ``"silu"`` or ``None``; ``bias=False`` leaves the
+    bias out, as ``nn.Linear``'s flag does. Parameters are named and laid out as
+    ``nn.Linear``'s and initialized the same way.
     """
 
-    def __init__(self, in_features: int, out_features: int, activation: Optional[str] = "relu", *, device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, activation: Optional[str] = "relu", *, bias: bool = True, device=None,
+                 dtype=None):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"FusedLinear: activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
-        self._graph = LINEAR_GRAPHS[activation]
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        self._graph = (LINEAR_GRAPHS if bias else BIAS_FREE_LINEAR_GRAPHS)[activation]
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s initialization."""
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
-        nn.init.uniform_(self.bias, -bound, bound)
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Plain Python checks on shape and dtype: they run on fake tensors too, so a trace fails here.
@@ -233,7 +262,9 @@ class FusedLinear(nn.Module):
             )
         # Natural tensors in and out: the graph views them as [1, B*M, K] @ [1, K, N] + [1, 1, N]
         # (forward_views). A layout with no such view (a non-contiguous x) is made contiguous first.
-        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
+        bias = [] if self.bias is None else [self.bias]
+        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, *bias])[0]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation!r}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation!r}"
+                + ("" if self.bias is not None else ", bias=False"))

@@ -30,19 +30,20 @@ __all__ = [
     "reference_of",
 ]
 
-_ACT = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu}
+_ACT = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
 class LinearReference(nn.Module):
     """``act(F.linear(x, weight, bias))``."""
 
-    def __init__(self, in_features: int, out_features: int, activation: Optional[str] = "relu", *, device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, activation: Optional[str] = "relu", *, bias: bool = True, device=None,
+                 dtype=None):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"LinearReference: activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         FusedLinear.reset_parameters(self)  # the same initialization
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +106,7 @@ class TransformerBlockReference(nn.Module):
 def _empty_like(module: nn.Module) -> nn.Module:
     """The reference of ``module``'s configuration (parameters not yet copied)."""
     if isinstance(module, FusedLinear):
-        return LinearReference(module.in_features, module.out_features, module.activation, device="meta")
+        return LinearReference(module.in_features, module.out_features, module.activation, bias=module.bias is not None, device="meta")
     if isinstance(module, RMSNorm):
         return RMSNormReference(module.dim, module.eps, device="meta")
     if isinstance(module, LayerNorm):

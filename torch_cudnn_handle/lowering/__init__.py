@@ -1,0 +1,109 @@
+"""``backend()``: a torch.compile backend that lowers an unmodified model's attention, norms,
+linear epilogues and SwiGLU gates onto cuDNN graphs; ``reports()`` says what it lowered and kept.
+
+``torch.compile(model, backend=lowering.backend())`` takes the graph dynamo traced from the
+model as it is written and replaces each match the library serves with a call of
+``torch.ops.cudnn_fe.execute`` on the graph the ``nn`` modules use (the same graphs, their
+backward included, so autograd and dynamic shapes work as they do for the modules); the
+rest goes to the inner backend (inductor by default). The parameters stay the model's own:
+they are the traced graph's inputs. The patterns, one module each:
+
+* attention.py: ``F.scaled_dot_product_attention``, causal or not, grouped-query heads with
+  ``enable_gqa=True``; fp16/bf16, a head dim that is a multiple of 8, no mask, no dropout,
+  the default scale;
+* norms.py: ``F.rms_norm`` / ``nn.RMSNorm``, RMSNorm written by hand as Llama writes it, and
+  ``F.layer_norm`` / ``nn.LayerNorm``: over the last dim, with a weight (and a bias), a constant eps;
+* linears.py: a linear (bias or none) whose one user is exact gelu, relu or silu, and SwiGLU's
+  gate ``silu(linear(x, W_gate)) * linear(x, W_up)``.
+
+Anything else stays torch's, and ``reports()`` says why, node by node. A CPU model is
+lowered too: the op runs each graph through its reference interpreter, so the lowering is
+tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, List, Optional, Union
+
+import torch.fx
+
+from .attention import Attention
+from .linears import LinearActivation
+from .norms import LAYER_NORM, RMS_NORM, WrittenRMSNorm
+
+__all__ = ["backend", "lower", "reports", "Lowered"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """One match in a traced graph: which pattern, which node, whether it was lowered, and why (not)."""
+
+    pattern: str  # "attention" | "rms_norm" | "layer_norm" | "linear_activation"
+    node: str
+    lowered: bool
+    reason: str
+
+
+_lock = threading.Lock()
+_reports: List[List[Lowered]] = []  # one list per graph lowered by backend(), for the process (most recent last)
+
+
+def reports() -> List[List[Lowered]]:
+    """What each graph ``backend()`` compiled lowered and kept, one list per graph, oldest first."""
+    with _lock:
+        return [list(entries) for entries in _reports]
+
+
+def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None) -> Callable:
+    """A torch.compile backend: the traced graph lowered (``lower``), then compiled by ``inner``
+    (a backend's name, e.g. "inductor" or "aot_eager", or a backend itself). ``mode``: inductor's
+    (``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``, ...), which ``torch.compile`` takes
+    only without a backend of its own."""
+    if mode is not None and inner != "inductor":
+        raise ValueError(f"lowering.backend: mode={mode!r} is inductor's; pass inner='inductor' with it, or no mode")
+
+    def compile_lowered(gm: torch.fx.GraphModule, example_inputs):
+        entries = lower(gm)
+        with _lock:
+            _reports.append(entries)
+        if mode is not None:  # inside a compile: inductor is loaded already
+            from torch._inductor import list_mode_options
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode))
+        compile_with = inner
+        if isinstance(inner, str):
+            from torch._dynamo.backends.registry import lookup_backend
+
+            compile_with = lookup_backend(inner)
+        return compile_with(gm, example_inputs)
+
+    return compile_lowered
+
+
+def lower(gm: torch.fx.GraphModule) -> List[Lowered]:
+    """Rewrite ``gm`` (a graph dynamo traced) in place: every match the library serves becomes a
+    call of ``torch.ops.cudnn_fe.execute``; returns what was lowered and kept, and why."""
+    entries = []
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method") or getattr(node, "_erased", False):  # erased: part of an earlier match
+            continue
+        for pattern, match in _PATTERNS:
+            if node.target in match.targets and (node.op == "call_function") != isinstance(node.target, str):
+                why = match.refusal(node)
+                if why is None:
+                    why = match.replace(gm.graph, node)  # what it was lowered onto
+                    entries.append(Lowered(pattern, node.name, True, why))
+                else:
+                    entries.append(Lowered(pattern, node.name, False, why))
+                break
+    if any(entry.lowered for entry in entries):
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return entries
+
+
+_PATTERNS = (("attention", Attention), ("rms_norm", RMS_NORM), ("rms_norm", WrittenRMSNorm), ("layer_norm", LAYER_NORM),
+             ("linear_activation", LinearActivation))
