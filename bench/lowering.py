@@ -11,7 +11,9 @@ stays inductor's), random weights, bf16, ``--layers`` layers, at three sizes:
 2. the share of the lowered training step's GPU time in kernels the library's graphs launch
    (torch.profiler: kernels whose innermost op is ``cudnn_fe::execute`` or its backward node);
 3. ``dynamic=True``, the first training step at ``--lengths`` new sequence lengths (after
-   one unmeasured length: the compile), inductor's and the lowering's, wall ms, medians.
+   one unmeasured length: the compile), inductor's and the lowering's (by default, and with
+   ``stand_in_calls=2``: torch's ops serve a new length's first two calls while its plans
+   build), wall ms, medians.
 Both compile with ``torch._dynamo.config.specialize_float = True``, so a norm's eps stays a
 constant the lowering can bake in under ``dynamic=True``.
 
@@ -33,9 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test"))
 from timing import compare_cuda_ms, device_kernels, report, require_cuda_gpu, save  # noqa: E402
 
 SIZES = {  # dim, heads, batch, sequence length
-    "small": (512, 8, 8, 512),
-    "medium": (1024, 16, 4, 1024),
-    "large": (2048, 16, 2, 2048),
+    "small": (1024, 16, 4, 1024),
+    "medium": (2048, 16, 4, 2048),
+    "large": (4096, 32, 2, 4096),
 }
 GOALS = {"small": 0.90, "medium": 0.90, "large": 1.00}  # the lowering / inductor, training and inference
 
@@ -78,7 +80,9 @@ def compiled(model, how: str):
 
 def cudnn_share(step) -> float:
     """The share of ``step``'s GPU time in kernels launched inside the op or its backward node."""
-    _, prof = device_kernels(step, steps=3, warmup=2)
+    kernels, prof = device_kernels(step, steps=3, warmup=2)
+    for name, (launches, us) in list(kernels.items())[:8]:
+        print(f"  {us:9.1f} us  {launches:4.0f}x  {name[:110]}")
     ours = total = 0.0
     for event in prof.key_averages():
         total += event.self_device_time_total
@@ -111,21 +115,24 @@ def new_lengths(name: str, args, rows: list) -> None:
     size = args.sizes.split(",")[0]
     model = build(name, size, args.layers)
     _, _, batch, top = SIZES[size]
-    lengths = random.Random(0).sample(range(128, top + 1), args.lengths + 1)
+    hows = ("inductor", "lowered", "lowered, stand_in_calls=2")
+    drawn = random.Random(0).sample(range(128, top + 1), len(hows) * (args.lengths + 1))  # each its own: no plan built before
     firsts = {}
-    for how in ("inductor", "lowered"):
-        from torch_cudnn_handle import lowering
+    for index, how in enumerate(hows):
+        lengths = drawn[index::len(hows)]
+        from torch_cudnn_handle import lowering, settings
 
-        backend = lowering.backend() if how == "lowered" else "inductor"
+        backend = "inductor" if how == "inductor" else lowering.backend()
         model_compiled = torch.compile(copy.deepcopy(model), backend=backend, dynamic=True)
         times = []
-        for length in lengths:
-            train, _ = steps(model_compiled, torch.randint(0, 8192, (batch, length), device="cuda"))
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            train()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - start) * 1e3)
+        with settings.override(stand_in_calls=2 if how.endswith("=2") else 0):
+            for length in lengths:
+                train, _ = steps(model_compiled, torch.randint(0, 8192, (batch, length), device="cuda"))
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                train()
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - start) * 1e3)
         firsts[how] = statistics.median(times[1:])  # the first length compiled the frame
     rows += report(f"{name} {size}, dynamic=True: first training step at {args.lengths} new lengths, median wall ms (us column)", firsts,
                    "inductor", {"lowered": 1.5})

@@ -91,7 +91,7 @@ def test_swiglu_gate(dtype):
     dy, z = torch.randn(4, 64, 384, device="cuda"), torch.randn(4, 64, 384, device="cuda")
 
     def run_gate(fn, dtype):
-        x, w, up = (t.to(dtype).requires_grad_() for t in leaves)
+        x, w, up = (t.detach().clone().to(dtype).requires_grad_() for t in leaves)  # fresh leaves: no run adds to another's grads
         y = fn(x, w, up)
         y.backward(dy.to(dtype))
         return [y.detach(), x.grad, w.grad, up.grad]

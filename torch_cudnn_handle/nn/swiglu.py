@@ -35,8 +35,7 @@ def swiglu_gate(graph, x, w, up):
 
 
 def swiglu_dz(graph, dy, up, z):
-    """``(dy * silu'(z)) * up``: the backward pointwise op reads two tensors of the graph's own
-    inputs (on cuDNN 9.19 one whose gradient operand is a virtual ``dy * up`` gave wrong values)."""
+    """``(dy * silu'(z)) * up``."""
     return declare(graph.mul(graph.swish_backward(dy, z, swish_beta=1.0, name="dsilu"), up, name="dgated"), dy.dim, row_major(dy.dim),
                    dy.data_type)
 
