@@ -150,3 +150,25 @@ def test_a_masked_attention_is_lowered_with_the_mask_as_a_bias(kind):
     grads = torch.autograd.grad(y, [q, k, v], dy)
     for got, want in zip(grads, torch.autograd.grad(expected, leaves, dy.double())):
         torch.testing.assert_close(got.double(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_explain_says_what_a_compile_would_lower_and_where_the_model_breaks_compiling_nothing():
+    torch.manual_seed(0)
+    model = LlamaLayer(kv_heads=2, norm=WrittenRMSNorm).to(torch.bfloat16)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    explained = lowering.explain(model, x)
+    assert (explained.graphs, explained.graph_breaks) == (1, [])
+    compiled_before = len(lowering.reports())
+    assert [(e.pattern, e.lowered) for e in explained.entries if e.lowered] == [
+        ("rms_norm", True), ("attention", True), ("rms_norm", True), ("linear_activation", True)]
+    assert len(lowering.reports()) == compiled_before  # no compile ran
+
+    def breaks(x):
+        y = F.rms_norm(x, (64,), torch.ones(64, dtype=x.dtype), 1e-6)
+        print("a graph break")
+        return F.scaled_dot_product_attention(*(y.view(2, 16, 4, 16).transpose(1, 2),) * 3)
+
+    explained = lowering.explain(breaks, x)
+    assert explained.graphs == 2 and len(explained.graph_breaks) == 1 and "print" in explained.graph_breaks[0]
+    assert [e.pattern for e in explained.entries if e.lowered] == ["rms_norm", "attention"]
+    assert "1 graph break(s)" in str(explained) and "lowered onto nn.sdpa's" in str(explained)

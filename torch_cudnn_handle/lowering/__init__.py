@@ -33,7 +33,7 @@ from .attention import Attention
 from .linears import LinearActivation
 from .norms import LAYER_NORM, RMS_NORM, WrittenRMSNorm
 
-__all__ = ["backend", "lower", "reports", "Lowered"]
+__all__ = ["backend", "explain", "lower", "reports", "Explanation", "Lowered"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,21 @@ class Lowered:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """What ``backend()`` would do to a model: the graphs dynamo traces from it, why it broke
+    between them, and every match with its decision (``explain``)."""
+
+    graphs: int
+    graph_breaks: List[str]
+    entries: List[Lowered]
+
+    def __str__(self) -> str:
+        lines = [f"{self.graphs} graph(s), {len(self.graph_breaks)} graph break(s)", *[f"  break: {b}" for b in self.graph_breaks]]
+        lines += [f"  {e.pattern:18} {e.node:24} {'lowered' if e.lowered else 'kept'}: {e.reason}" for e in self.entries]
+        return "\n".join(lines)
+
+
 _lock = threading.Lock()
 _reports: List[List[Lowered]] = []  # one list per graph lowered by backend(), for the process (most recent last)
 
@@ -54,6 +69,18 @@ def reports() -> List[List[Lowered]]:
     """What each graph ``backend()`` compiled lowered and kept, one list per graph, oldest first."""
     with _lock:
         return [list(entries) for entries in _reports]
+
+
+def explain(model: Callable, *args, **kwargs) -> Explanation:
+    """What ``torch.compile(model, backend=backend())`` would lower and keep, and why, for a
+    call ``model(*args, **kwargs)``, compiling nothing: ``torch._dynamo.explain`` traces the
+    call (running it eagerly, unlowered) and each graph it traced is lowered for the report
+    only. Like ``torch._dynamo.explain``, it shows the graph breaks too."""
+    import torch._dynamo
+
+    traced = torch._dynamo.explain(model)(*args, **kwargs)
+    entries = [entry for gm in traced.graphs for entry in lower(gm)]  # explain's own graphs: never run
+    return Explanation(len(traced.graphs), [str(reason.reason) for reason in traced.break_reasons], entries)
 
 
 def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None) -> Callable:
