@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from support.compiled_pairs import assert_agree, compiled_pair
-from support.models import GPT2Block, LlamaLayer, WrittenRMSNorm
+from support.models import Conv1DMLP, GPT2Block, LlamaLayer, WrittenRMSNorm
 from torch_cudnn_handle import lowering
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -51,14 +51,23 @@ def test_a_llama_layer_has_its_rms_norms_attention_and_swiglu_lowered(norm, kv_h
     assert model.state_dict().keys() == plain._orig_mod.state_dict().keys()
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_a_linear_and_its_activation_are_lowered_with_or_without_a_bias(activation, bias):
-    model = nn.Sequential(nn.Linear(32, 48, bias=bias), {"relu": nn.ReLU(), "gelu": nn.GELU(), "silu": nn.SiLU()}[activation])
+    module = {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "silu": nn.SiLU()}[activation]
+    model = nn.Sequential(nn.Linear(32, 48, bias=bias), module)
     model, plain, lowered = compiled_pair(model)
     assert_agree(plain, lowered, plain._orig_mod, model, torch.randn(3, 5, 32, dtype=torch.bfloat16))
     (entry,) = lowering.reports()[-1]
     assert entry.lowered and f"FusedLinear's {activation} graph" in entry.reason and ("without a bias" in entry.reason) != bias
+
+
+def test_gpt2s_conv1d_mlp_with_its_written_tanh_gelu_is_lowered():
+    model, plain, lowered = compiled_pair(Conv1DMLP())
+    assert_agree(plain, lowered, plain._orig_mod, model, torch.randn(2, 12, 64, dtype=torch.bfloat16))
+    first, second = lowering.reports()[-1]
+    assert first.lowered and "gelu_tanh graph on an [in, out] weight" in first.reason
+    assert not second.lowered and "plain linear stays" in second.reason  # the projection back: no activation
 
 
 def test_a_written_norm_that_is_not_rms_norm_is_kept():

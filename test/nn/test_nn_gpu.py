@@ -72,7 +72,7 @@ def inputs(*shape, dtype, scale=1.0):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", None])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu", None])
 def test_fused_linear(activation, bias, dtype):
     torch.manual_seed(0)
     layer = FusedLinear(256, 384, activation, bias=bias, device="cuda", dtype=dtype)

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import torch_cudnn_handle as tch
-from torch_cudnn_handle.nn.linear import (BIAS_FREE_LINEAR_GRAPHS, GELU_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW, MATMUL_DX, RELU_BACKWARD_ROWS,
-                                          SILU_BACKWARD_ROWS)
+from torch_cudnn_handle.nn.linear import (BIAS_FREE_LINEAR_GRAPHS, GELU_BACKWARD_ROWS, GELU_TANH_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW,
+                                          MATMUL_DX, RELU_BACKWARD_ROWS, SILU_BACKWARD_ROWS)
 from torch_cudnn_handle.nn.norm import rmsnorm_graph
 from torch_cudnn_handle.nn.swiglu import SWIGLU_DUP, SWIGLU_DZ, SWIGLU_GATE
+from torch_cudnn_handle.nn import transposed_linear
 from torch_cudnn_handle.op import stand_in
 
 torch.manual_seed(0)
@@ -22,6 +23,11 @@ CASES = {
     "relu_backward": (RELU_BACKWARD_ROWS, [DY, torch.relu(torch.randn(2, 5, 8))]),
     "gelu_backward": (GELU_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
     "silu_backward": (SILU_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
+    "gelu_tanh_backward": (GELU_TANH_BACKWARD_ROWS, [DY, torch.randn(2, 5, 8)]),
+    **{f"transposed_linear_{a}": (transposed_linear.TRANSPOSED_LINEAR_GRAPHS[a], [X, W.mT.contiguous(), B])
+       for a in transposed_linear.TRANSPOSED_LINEAR_GRAPHS},
+    "transposed_dx": (transposed_linear.MATMUL_DX, [DY, W.mT.contiguous()]),
+    "transposed_dw": (transposed_linear.MATMUL_DW, [X, DY]),
     "swiglu_gate": (SWIGLU_GATE, [X, W, torch.randn(2, 5, 8)]),
     "swiglu_dz": (SWIGLU_DZ, [DY, torch.randn(2, 5, 8), torch.randn(2, 5, 8)]),
     "swiglu_dup": (SWIGLU_DUP, [DY, torch.randn(2, 5, 8)]),

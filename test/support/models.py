@@ -4,6 +4,7 @@ heads, a SwiGLU MLP), and the ``transformers`` package's Llama and GPT-2 from sm
 where it is installed."""
 
 import importlib.util
+import math
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,25 @@ class LlamaLayer(nn.Module):
         x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, d))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Conv1DMLP(nn.Module):
+    """GPT-2's MLP as ``transformers`` writes it: ``Conv1D`` projections (``addmm`` on an
+    ``[in, out]`` weight) around ``gelu_new``, the tanh gelu written out."""
+
+    def __init__(self, dim=64, hidden=256):
+        super().__init__()
+        self.fc_weight, self.fc_bias = nn.Parameter(torch.randn(dim, hidden) * 0.02), nn.Parameter(torch.zeros(hidden))
+        self.proj_weight, self.proj_bias = nn.Parameter(torch.randn(hidden, dim) * 0.02), nn.Parameter(torch.zeros(dim))
+
+    @staticmethod
+    def conv1d(x, weight, bias):
+        return torch.addmm(bias, x.view(-1, x.size(-1)), weight).view(x.size()[:-1] + (weight.size(-1),))
+
+    def forward(self, x):
+        h = self.conv1d(x, self.fc_weight, self.fc_bias)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.conv1d(h, self.proj_weight, self.proj_bias)
 
 
 def transformers_models_available() -> bool:

@@ -13,8 +13,9 @@ they are the traced graph's inputs. The patterns, one module each:
   the default scale;
 * norms.py: ``F.rms_norm`` / ``nn.RMSNorm``, RMSNorm written by hand as Llama writes it, and
   ``F.layer_norm`` / ``nn.LayerNorm``: over the last dim, with a weight (and a bias), a constant eps;
-* linears.py: a linear (bias or none) whose one user is exact gelu, relu or silu, and SwiGLU's
-  gate ``silu(linear(x, W_gate)) * linear(x, W_up)``.
+* linears.py (activations.py reads the activation): a linear (bias or none), or an addmm viewed
+  back (GPT-2's ``Conv1D``), whose output goes through exact or tanh gelu (torch's, or written
+  out as GPT-2 writes it), relu or silu alone; and SwiGLU's gate ``silu(linear(x, W_gate)) * linear(x, W_up)``.
 
 Anything else stays torch's, and ``reports()`` says why, node by node. A CPU model is
 lowered too: the op runs each graph through its reference interpreter, so the lowering is

@@ -1,7 +1,9 @@
-"""A linear whose one user is its activation -> FusedLinear's graph (the activation in the
-GEMM's epilogue), and SwiGLU's gate ``silu(linear(x, W_gate)) * linear(x, W_up)`` -> the gate
-graph (nn/swiglu.py: SiLU and the product in the gate GEMM's epilogue; the up projection
-stays a plain linear). A linear with no activation stays cuBLAS's: the fusion's gain is the epilogue."""
+"""A linear whose output goes through an activation alone -> FusedLinear's graph (the
+activation in the GEMM's epilogue): ``F.linear`` (a bias or none) and ``torch.addmm(b, x, W)``
+viewed back (transformers' ``Conv1D``, its weight ``[in, out]``); and SwiGLU's gate
+``silu(linear(x, W_gate)) * linear(x, W_up)`` -> the gate graph (nn/swiglu.py: SiLU and the
+product in the gate GEMM's epilogue; the up projection stays a plain linear). A linear with
+no activation stays cuBLAS's: the fusion's gain is the epilogue."""
 
 from __future__ import annotations
 
@@ -12,30 +14,25 @@ import torch
 import torch.nn.functional as F
 from torch import _C
 
+from .activations import activation_of
 from .fx_values import HALF, argument, calls, contiguous, execute, only_user, static, value
 
 _LINEARS = (_C._nn.linear, F.linear)
-_ACTIVATIONS = {torch.relu: "relu", F.relu: "relu", _C._nn.gelu: "gelu", F.gelu: "gelu", F.silu: "silu", _C._nn.silu: "silu"}
-_METHOD_ACTIVATIONS = {"relu": "relu"}
-
-
-def _activation(node) -> Optional[str]:
-    """The activation ``node`` applies to its first argument alone (exact gelu, relu, silu), or None."""
-    if calls(node, tuple(_ACTIVATIONS)):
-        name = _ACTIVATIONS[node.target]
-    elif calls(node, methods=tuple(_METHOD_ACTIVATIONS)):
-        name = _METHOD_ACTIVATIONS[node.target]
-    else:
-        return None
-    if name == "gelu" and node.kwargs.get("approximate", "none") != "none":
-        return None
-    if any(arg is not False for arg in node.args[1:]) or node.kwargs.get("inplace", False) or set(node.kwargs) - {"approximate", "inplace"}:
-        return None  # in place (relu(x, inplace=True), silu(x, True)): left alone
-    return name
 
 
 def _operands(node) -> list:
+    """``[x, weight, bias]`` of a linear, or of an addmm (its ``[in, out]`` weight)."""
+    if node.target is torch.addmm:
+        return [node.args[1], node.args[2], node.args[0]]
     return [argument(node, i, name) for i, name in enumerate(("input", "weight", "bias"))]
+
+
+def _output(node) -> Optional[torch.fx.Node]:
+    """What an activation reads: the linear's result, or the view an addmm's result is given back."""
+    if node.target is not torch.addmm:
+        return node
+    view = only_user(node)
+    return view if calls(view, methods=("view", "reshape")) else None
 
 
 def _up_projection(gated) -> Optional[torch.fx.Node]:
@@ -55,41 +52,51 @@ def _up_projection(gated) -> Optional[torch.fx.Node]:
 
 
 class LinearActivation:
-    targets = _LINEARS
+    targets = _LINEARS + (torch.addmm,)
 
     @staticmethod
     def refusal(node) -> Optional[str]:
+        output = _output(node)
+        if output is None or activation_of(output) is None:
+            return ("no exact gelu, tanh gelu, relu or silu alone on the linear's output (the fusion's gain is the epilogue; a plain "
+                    "linear stays cuBLAS's)")
+        if node.target is torch.addmm and (len(node.args) != 3 or node.kwargs):
+            return "an addmm with beta or alpha"
         x, weight, bias = (value(operand) for operand in _operands(node))
-        if _activation(only_user(node)) is None:
-            return "no exact gelu, relu or silu as the linear's one user (the fusion's gain is the epilogue; a plain linear stays cuBLAS's)"
-        if x is None or weight is None or (bias is None and argument(node, 2, "bias") is not None):
+        if x is None or weight is None or (bias is None and _operands(node)[2] is not None):
             return "no traced value"
         if x.dtype not in HALF or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
             return f"dtypes {x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}: the graph takes float16 or bfloat16, one for all"
-        if x.dim() < 2 or weight.dim() != 2:
-            return "a 1-D input or weight"
+        if x.dim() < 2 or weight.dim() != 2 or (bias is not None and bias.dim() != 1):
+            return "a 1-D input, or a weight that is not 2-D, or a bias that is not 1-D"
         return None
 
     @staticmethod
     def replace(graph, node) -> str:
         from ..nn.linear import BIAS_FREE_LINEAR_GRAPHS, LINEAR_GRAPHS
         from ..nn.swiglu import SWIGLU_GATE
+        from ..nn.transposed_linear import TRANSPOSED_LINEAR_GRAPHS
 
-        activation_node = only_user(node)
-        activation = _activation(activation_node)
+        output = _output(node)
+        activation, result = activation_of(output)
         x, weight, bias = _operands(node)
-        up = _up_projection(activation_node) if activation == "silu" and bias is None else None
+        up = _up_projection(result) if activation == "silu" and bias is None and result.args[0] is node else None
         if up is not None:  # SwiGLU: silu(x W_gate^T) * up in the gate's epilogue
-            product = only_user(activation_node)
-            lowered = execute(graph, product, SWIGLU_GATE, [contiguous(graph, product, x), weight, contiguous(graph, product, up)])
-            product.replace_all_uses_with(lowered)
-            graph.erase_node(product)
+            result = only_user(result)
+            lowered = execute(graph, result, SWIGLU_GATE, [contiguous(graph, result, x), weight, contiguous(graph, result, up)])
             onto = "SwiGLU's gate graph (silu and the product with the up projection in the gate GEMM's epilogue)"
+        elif node.target is torch.addmm:  # Conv1D: the weight [in, out]; the result viewed back as the addmm's was
+            lowered = execute(graph, result, TRANSPOSED_LINEAR_GRAPHS[activation], [contiguous(graph, result, x), weight, bias])
+            lowered.meta["example_value"] = value(node)
+            with graph.inserting_before(result):
+                viewed = graph.call_method(output.target, (lowered, *output.args[1:]), output.kwargs)
+            viewed.meta["example_value"] = value(result)
+            lowered = viewed
+            onto = f"FusedLinear's {activation} graph on an [in, out] weight ({activation} in the GEMM's epilogue)"
         else:
             graphs = LINEAR_GRAPHS if bias is not None else BIAS_FREE_LINEAR_GRAPHS
-            lowered = execute(graph, activation_node, graphs[activation], [contiguous(graph, activation_node, x), weight, *([bias] * (bias is not None))])
-            activation_node.replace_all_uses_with(lowered)
+            lowered = execute(graph, result, graphs[activation], [contiguous(graph, result, x), weight, *([bias] * (bias is not None))])
             onto = f"FusedLinear's {activation} graph{'' if bias is not None else ' without a bias'} ({activation} in the GEMM's epilogue)"
-        graph.erase_node(activation_node)
-        graph.erase_node(node)
+        result.replace_all_uses_with(lowered)
+        graph.erase_node(result)  # the rest of the linear and its activation: dead now, gone at lower()'s dead-code pass
         return "lowered onto " + onto

@@ -42,8 +42,8 @@ from ._layout import declare, row_major
 __all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "BIAS_FREE_LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD",
            "GELU_BACKWARD"]
 
-ACTIVATIONS = (None, "relu", "gelu", "silu")
-_WRITES_Z = ("gelu", "silu")  # activations whose backward reads the pre-activation z: their forward writes it too
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+_WRITES_Z = ("gelu", "gelu_tanh", "silu")  # activations whose backward reads the pre-activation z: their forward writes it too
 
 
 # ---------------------------------------------------------------------------------
@@ -72,7 +72,8 @@ def linear_forward(graph, x, w, b, *, activation: Optional[str]):
     if activation == "relu":
         return declare(graph.relu(z, name="act"), dim, stride, x.data_type)
     if activation in _WRITES_Z:
-        act = graph.gelu(z, name="act") if activation == "gelu" else graph.swish(z, swish_beta=1.0, name="act")
+        act = {"gelu": lambda: graph.gelu(z, name="act"), "gelu_tanh": lambda: graph.gelu_approx_tanh(z, name="act"),
+               "silu": lambda: graph.swish(z, swish_beta=1.0, name="act")}[activation]()
         return [declare(act, dim, stride, x.data_type), declare(z, dim, stride, x.data_type)]
     raise ValueError(f"FusedLinear: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
@@ -92,6 +93,11 @@ def gelu_backward(graph, dy, z):
     return declare(graph.gelu_backward(dy, z, name="dgelu"), dy.dim, row_major(dy.dim), dy.data_type)
 
 
+def gelu_tanh_backward(graph, dy, z):
+    """``dy * gelu'(z)`` for gelu's tanh approximation."""
+    return declare(graph.gelu_approx_tanh_backward(dy, z, name="dgelu"), dy.dim, row_major(dy.dim), dy.data_type)
+
+
 def silu_backward(graph, dy, z):
     """``dy * silu'(z)``."""
     return declare(graph.swish_backward(dy, z, swish_beta=1.0, name="dsilu"), dy.dim, row_major(dy.dim), dy.data_type)
@@ -104,7 +110,7 @@ def silu_backward(graph, dy, z):
 def torch_linear_forward(x, w, b, *, activation: Optional[str]):
     z = F.linear(x, w, b)
     if activation in _WRITES_Z:
-        return [F.gelu(z) if activation == "gelu" else F.silu(z), z]
+        return [F.silu(z) if activation == "silu" else F.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none"), z]
     return z if activation is None else torch.relu(z)
 
 
@@ -118,6 +124,10 @@ def torch_relu_backward(dy, y):
 
 def torch_gelu_backward(dy, z):
     return torch.ops.aten.gelu_backward(dy, z)
+
+
+def torch_gelu_tanh_backward(dy, z):
+    return torch.ops.aten.gelu_backward(dy, z, approximate="tanh")
 
 
 def torch_silu_backward(dy, z):
@@ -169,7 +179,9 @@ _POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
 RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS, stand_in=torch_relu_backward)
 GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS, stand_in=torch_gelu_backward)
 SILU_BACKWARD_ROWS = register_graph(silu_backward, name="nn_linear_silu_backward", views=_POINTWISE_VIEWS, stand_in=torch_silu_backward)
-Z_BACKWARD_ROWS = {"gelu": GELU_BACKWARD_ROWS, "silu": SILU_BACKWARD_ROWS}
+GELU_TANH_BACKWARD_ROWS = register_graph(gelu_tanh_backward, name="nn_linear_gelu_tanh_backward", views=_POINTWISE_VIEWS,
+                                         stand_in=torch_gelu_tanh_backward)
+Z_BACKWARD_ROWS = {"gelu": GELU_BACKWARD_ROWS, "gelu_tanh": GELU_TANH_BACKWARD_ROWS, "silu": SILU_BACKWARD_ROWS}
 MATMUL_DX = register_graph(
     matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
     stand_in=torch_dx,
@@ -178,12 +190,18 @@ MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(input
                            stand_in=torch_dw)
 
 
-def _backward_steps(activation: Optional[str], bias: bool):
+def _linear_products(dz):
+    """dX = dZ @ W and dW = dZ^T @ X for nn.Linear's ``[out, in]`` weight."""
+    op = BackwardOperand
+    return [BackwardStep(MATMUL_DX, [dz, op.input(1)], for_grads=[0]), BackwardStep(MATMUL_DW, [dz, op.input(0)], for_grads=[1])]
+
+
+def _backward_steps(activation: Optional[str], bias: bool, products=_linear_products):
     """The backward as declared steps, run by the op's autograd node in C++: ``dZ`` (the
     activation's backward; ``dY`` itself without one), ``dX`` only when x needs a
-    gradient (it reads W), ``dW`` only when the weight does (it reads x), and ``db``, dZ
-    summed to the bias's shape (a torch sum). The gelu and silu graphs' second output, z,
-    is read here and takes no gradient: it is non-differentiable."""
+    gradient (it reads W), ``dW`` only when the weight does (it reads x): ``products(dZ)``,
+    and ``db``, dZ summed to the bias's shape (a torch sum). The second output of the
+    graphs that write z is read here and takes no gradient: it is non-differentiable."""
     op = BackwardOperand
     steps = []
     dz = op.grad(0)
@@ -192,26 +210,28 @@ def _backward_steps(activation: Optional[str], bias: bool):
         steps.append(BackwardStep(pointwise, [op.grad(0), read]))
         dz = op.step(0)
     dx, dw = len(steps), len(steps) + 1
-    steps.append(BackwardStep(MATMUL_DX, [dz, op.input(1)], for_grads=[0]))
-    steps.append(BackwardStep(MATMUL_DW, [dz, op.input(0)], for_grads=[1]))
+    steps += products(dz)
     return steps, [op.step(dx), op.step(dw)] + [dz.sum_to_input()] * bias
 
 
-def _register_linear(activation: Optional[str], bias: bool) -> int:
-    steps, grads = _backward_steps(activation, bias)
-    forward, stand_in = (linear_forward, torch_linear_forward) if bias else (bias_free_linear_forward, torch_bias_free_linear_forward)
+def register_linear(activation: Optional[str], bias: bool, *, name: str = "nn_linear", views=None, products=_linear_products,
+                    stand_in=None) -> int:
+    """One linear graph: ``activation``, a bias or none; nn.Linear's weight layout unless
+    ``views``, ``products`` (the dX and dW steps) and ``stand_in`` say another."""
+    steps, grads = _backward_steps(activation, bias, products)
+    forward, torch_forward = (linear_forward, torch_linear_forward) if bias else (bias_free_linear_forward, torch_bias_free_linear_forward)
     return register_graph(
         forward,
-        name=f"nn_linear_{activation or 'identity'}" + ("" if bias else "_bias_free"),
+        name=f"{name}_{activation or 'identity'}" + ("" if bias else "_bias_free"),
         params=dict(activation=activation),
-        views=forward_views(activation, bias),
+        views=views or forward_views(activation, bias),
         backward=Backward.steps(steps, grads=grads),
-        stand_in=functools.partial(stand_in, activation=activation),
+        stand_in=functools.partial(stand_in or torch_forward, activation=activation),
     )
 
 
-LINEAR_GRAPHS = {activation: _register_linear(activation, bias=True) for activation in ACTIVATIONS}
-BIAS_FREE_LINEAR_GRAPHS = {activation: _register_linear(activation, bias=False) for activation in ACTIVATIONS}
+LINEAR_GRAPHS = {activation: register_linear(activation, bias=True) for activation in ACTIVATIONS}
+BIAS_FREE_LINEAR_GRAPHS = {activation: register_linear(activation, bias=False) for activation in ACTIVATIONS}
 
 
 # ---------------------------------------------------------------------------------
@@ -223,7 +243,8 @@ class FusedLinear(nn.Module):
 
     ``x`` is ``[..., in_features]`` (typically ``[B, M, K]``), fp16 or bf16, of the
     parameters' dtype; the result is ``[..., out_features]``. ``activation`` is
-    ``"relu"``, ``"gelu"`` (exact, erf), ``"silu"`` or ``None``; ``bias=False`` leaves the
+    ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (gelu's tanh approximation),
+    ``"silu"`` or ``None``; ``bias=False`` leaves the
     bias out, as ``nn.Linear``'s flag does. Parameters are named and laid out as
     ``nn.Linear``'s and initialized the same way.
     """

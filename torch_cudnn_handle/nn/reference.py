@@ -30,7 +30,7 @@ __all__ = [
     "reference_of",
 ]
 
-_ACT = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+_ACT = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
 
 class LinearReference(nn.Module):
