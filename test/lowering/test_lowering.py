@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from support.compiled_pairs import assert_agree, compiled_pair
-from support.models import Conv1DMLP, GPT2Block, LlamaLayer, WrittenRMSNorm
+from support.models import Conv1DMLP, GPT2Block, LlamaLayer, WeightFirstRMSNorm, WrittenRMSNorm
 from torch_cudnn_handle import lowering
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -33,7 +33,7 @@ def test_a_gpt2_block_has_its_layer_norms_attention_and_gelu_mlp_lowered():
     assert len(kept) == 3 and all("plain linear stays" in reason for reason in kept)
 
 
-@pytest.mark.parametrize("norm", [nn.RMSNorm, WrittenRMSNorm], ids=["nn.RMSNorm", "written"])
+@pytest.mark.parametrize("norm", [nn.RMSNorm, WrittenRMSNorm, WeightFirstRMSNorm], ids=["nn.RMSNorm", "written", "weight_first"])
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 def test_a_llama_layer_has_its_rms_norms_attention_and_swiglu_lowered(norm, kv_heads):
     model, plain, lowered = compiled_pair(LlamaLayer(kv_heads=kv_heads, norm=norm))
@@ -43,7 +43,7 @@ def test_a_llama_layer_has_its_rms_norms_attention_and_swiglu_lowered(norm, kv_h
     assert [e.pattern for e in entries if e.lowered] == ["rms_norm", "attention", "rms_norm", "linear_activation"]
     onto = [e.reason for e in entries if e.lowered]
     assert ("grouped-query" in onto[1]) == (kv_heads == 2) and "SwiGLU's gate graph" in onto[3]
-    assert all(("written by hand" in onto[i]) == (norm is WrittenRMSNorm) for i in (0, 2))
+    assert all(("written by hand" in onto[i]) == (norm is not nn.RMSNorm) for i in (0, 2))
     kept = [e for e in entries if not e.lowered]  # q, k, v, o, up and down: plain linears
     assert len(kept) == 6 and all("plain linear stays" in e.reason for e in kept)
     lowered(x).float().square().sum().backward()  # the model's own parameters get the gradients: no copies
@@ -78,7 +78,7 @@ def test_a_written_norm_that_is_not_rms_norm_is_kept():
     x, weight = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16)
     torch.testing.assert_close(torch.compile(not_quite, backend=lowering.backend("eager"), fullgraph=True)(x, weight), not_quite(x, weight))
     (entry,) = lowering.reports()[-1]
-    assert entry.pattern == "rms_norm" and not entry.lowered and "not the RMSNorm form" in entry.reason
+    assert entry.pattern == "rms_norm" and not entry.lowered and "not an RMSNorm form" in entry.reason
 
 
 @pytest.mark.parametrize("specialize_float", [False, True])

@@ -42,6 +42,17 @@ class WrittenRMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
+class WeightFirstRMSNorm(WrittenRMSNorm):
+    """RMSNorm as OLMo 2 writes it: the weight in float32, then the cast back."""
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return (self.weight * hidden_states).to(input_dtype)
+
+
 class LlamaLayer(nn.Module):
     def __init__(self, dim=64, heads=4, kv_heads=4, hidden=128, norm=nn.RMSNorm):
         super().__init__()
@@ -93,14 +104,16 @@ def transformers_models_available() -> bool:
 
 
 def transformers_model(name: str, *, dim=64, layers=2, heads=4, kv_heads=2, vocab=128, positions=1024):
-    """``LlamaForCausalLM`` or ``GPT2LMHeadModel`` from a small config, random weights, no dropout, sdpa attention."""
+    """A ``transformers`` causal LM from a small config, random weights, no dropout, sdpa attention:
+    "gpt2", or one of the Llama-like "llama", "mistral", "qwen3", "olmo2"."""
     import transformers
 
-    if name == "llama":
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=dim, intermediate_size=dim * 8 // 3 // 8 * 8, num_hidden_layers=layers,
-                                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
-                                          attn_implementation="sdpa")
-        return transformers.LlamaForCausalLM(config)
-    config = transformers.GPT2Config(vocab_size=vocab, n_embd=dim, n_layer=layers, n_head=heads, n_positions=positions, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(config)
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=dim, n_layer=layers, n_head=heads, n_positions=positions, resid_pdrop=0.0,
+                                         embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(config)
+    family = {"llama": "Llama", "mistral": "Mistral", "qwen3": "Qwen3", "olmo2": "Olmo2"}[name]
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=vocab, hidden_size=dim, intermediate_size=dim * 8 // 3 // 8 * 8, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=dim // heads, max_position_embeddings=positions, attn_implementation="sdpa")
+    return getattr(transformers, f"{family}ForCausalLM")(config)

@@ -95,9 +95,19 @@ def _mean_of_squares(node, x32) -> bool:
     return calls(square, (operator.mul, torch.mul), ("mul",)) and square.args[0] is x32 and square.args[1] is x32
 
 
+def _weight_product(node, operand):
+    """``node`` is ``operand * w`` (either order): ``w``, unwrapped from a ``.float()`` (the
+    graph scales in float32 either way), or None."""
+    if not calls(node, (operator.mul, torch.mul), ("mul",)) or len(node.args) != 2 or operand not in node.args:
+        return None
+    weight = node.args[1] if node.args[0] is operand else node.args[0]
+    return weight.args[0] if _float32(weight) else weight
+
+
 def _written_rms_norm(rsqrt) -> Optional[_Written]:
-    """Llama's RMSNorm, matched from its ``rsqrt`` both ways: ``x32 = x.to(float32)``,
-    ``rsqrt(mean(x32 ** 2, -1, keepdim=True) + eps)``, ``x32 * that``, ``.to(x.dtype)``, times the weight."""
+    """RMSNorm as models write it, matched from its ``rsqrt`` both ways: ``x32 = x.to(float32)``,
+    ``rsqrt(mean(x32 ** 2, -1, keepdim=True) + eps)``, ``x32 * that``, then the weight and the
+    cast back to x's dtype in either order (Llama's: cast, then ``w * ``; OLMo 2's: ``w * ``, then cast)."""
     add, scaled = rsqrt.args[0], only_user(rsqrt)
     if not calls(add, (operator.add, torch.add), ("add",)) or len(add.args) != 2:
         return None
@@ -107,14 +117,14 @@ def _written_rms_norm(rsqrt) -> Optional[_Written]:
     if not _float32(x32) or not any(_mean_of_squares(term, x32) for term in add.args):
         return None
     eps = add.args[1] if _mean_of_squares(add.args[0], x32) else add.args[0]
-    cast = only_user(scaled)
-    if not _downcast(cast):
-        return None
-    product = only_user(cast)
-    if not calls(product, (operator.mul, torch.mul), ("mul",)) or cast not in product.args:
-        return None
-    weight = product.args[1] if product.args[0] is cast else product.args[0]
-    return _Written(x32.args[0], weight, eps, product)
+    step = only_user(scaled)
+    if _downcast(step):  # cast, then the weight
+        product = only_user(step)
+        weight = _weight_product(product, step) if product is not None else None
+        return None if weight is None else _Written(x32.args[0], weight, eps, product)
+    weight = _weight_product(step, scaled) if step is not None else None  # the weight, then cast
+    cast = only_user(step) if weight is not None else None
+    return _Written(x32.args[0], weight, eps, cast) if _downcast(cast) else None
 
 
 class WrittenRMSNorm:
@@ -126,7 +136,8 @@ class WrittenRMSNorm:
     def refusal(node) -> Optional[str]:
         found = _written_rms_norm(node)
         if found is None:
-            return "an rsqrt, but not the RMSNorm form (x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype) * weight"
+            return ("an rsqrt, but not an RMSNorm form: x32 * rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps), then * weight and "
+                    ".to(dtype) in either order")
         x, weight = value(found.x), value(found.weight)
         if x is not None and value(found.last) is not None and value(found.last).dtype != x.dtype:
             return "the result's dtype is not the input's"
