@@ -7,7 +7,9 @@ stays inductor's), random weights, bf16, ``--layers`` layers, at three sizes:
 1. steady step, training (forward + backward of a mean-square loss on the logits) and
    inference (forward under no_grad), GPU ms per step (CUDA events, candidates interleaved):
    eager, ``torch.compile`` (inductor, default mode), ``mode="max-autotune-no-cudagraphs"``
-   (at ``--autotune-sizes`` only: its compile takes minutes), and the lowering;
+   (at ``--autotune-sizes`` only: its compile takes minutes), and the lowering, all of it and
+   (at ``--per-pattern-sizes``) each pattern group alone (``backend(patterns=...)``): which
+   pattern gains and which loses against inductor;
 2. the share of the lowered training step's GPU time in kernels the library's graphs launch
    (torch.profiler: kernels whose innermost op is ``cudnn_fe::execute`` or its backward node);
 3. ``dynamic=True``, the first training step at ``--lengths`` new sequence lengths (after
@@ -66,6 +68,9 @@ def steps(model, ids):
     return train, infer
 
 
+PATTERN_GROUPS = {"lowered: attention": ["attention"], "lowered: norms": ["rms_norm", "layer_norm"], "lowered: linears": ["linear_activation"]}
+
+
 def compiled(model, how: str):
     import torch
     from torch_cudnn_handle import lowering
@@ -73,8 +78,8 @@ def compiled(model, how: str):
     model = copy.deepcopy(model)
     if how == "eager":
         return model
-    if how == "lowered":
-        return torch.compile(model, backend=lowering.backend())
+    if how.startswith("lowered"):
+        return torch.compile(model, backend=lowering.backend(patterns=PATTERN_GROUPS.get(how)))
     return torch.compile(model, mode=None if how == "inductor" else how)
 
 
@@ -98,6 +103,7 @@ def steady(name: str, size: str, args, rows: list) -> None:
     _, _, batch, length = SIZES[size]
     ids = torch.randint(0, 8192, (batch, length), device="cuda")
     hows = ["eager", "inductor", "lowered"] + (["max-autotune-no-cudagraphs"] * (size in args.autotune_sizes.split(",")))
+    hows += list(PATTERN_GROUPS) * (size in args.per_pattern_sizes.split(","))
     candidates = {how: steps(compiled(model, how), ids) for how in hows}
     for index, mode in enumerate(("training", "inference")):
         figures = compare_cuda_ms({how: pair[index] for how, pair in candidates.items()}, calls=args.calls, rounds=args.rounds)
@@ -144,6 +150,7 @@ def main() -> None:
     parser.add_argument("--models", default="llama,gpt2")
     parser.add_argument("--sizes", default="small,medium,large")
     parser.add_argument("--autotune-sizes", default="medium")
+    parser.add_argument("--per-pattern-sizes", default="small", help="sizes where each pattern group is also lowered alone")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lengths", type=int, default=20)
     parser.add_argument("--calls", type=int, default=10)

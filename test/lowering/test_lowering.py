@@ -181,3 +181,14 @@ def test_explain_says_what_a_compile_would_lower_and_where_the_model_breaks_comp
     assert explained.graphs == 2 and len(explained.graph_breaks) == 1 and "print" in explained.graph_breaks[0]
     assert [e.pattern for e in explained.entries if e.lowered] == ["rms_norm", "attention"]
     assert "1 graph break(s)" in str(explained) and "lowered onto nn.sdpa's" in str(explained)
+
+
+def test_patterns_choose_what_is_lowered_and_the_rest_is_reported_kept():
+    model, plain, lowered = compiled_pair(LlamaLayer())
+    lowered = torch.compile(model, backend=lowering.backend("aot_eager", patterns=["attention"]), fullgraph=True)
+    assert_agree(plain, lowered, plain._orig_mod, model, torch.randn(2, 16, 64, dtype=torch.bfloat16))
+    entries = lowering.reports()[-1]
+    assert [e.pattern for e in entries if e.lowered] == ["attention"]
+    assert {e.reason for e in entries if e.pattern in ("rms_norm",)} == {"not among the patterns asked for (backend(patterns=...))"}
+    with pytest.raises(ValueError, match=r"unknown patterns \['swiglu'\]; choose among \['attention', 'rms_norm', 'layer_norm', 'linear_activation'\]"):
+        lowering.backend(patterns=["attention", "swiglu"])

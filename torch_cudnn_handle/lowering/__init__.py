@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, List, Optional, Union
+from typing import Callable, Iterable, List, Optional, Union
 
 import torch.fx
 
@@ -34,7 +34,9 @@ from .attention import Attention
 from .linears import LinearActivation
 from .norms import LAYER_NORM, RMS_NORM, WrittenRMSNorm
 
-__all__ = ["backend", "explain", "lower", "reports", "Explanation", "Lowered"]
+__all__ = ["backend", "explain", "lower", "reports", "Explanation", "Lowered", "PATTERNS"]
+
+PATTERNS = ("attention", "rms_norm", "layer_norm", "linear_activation")  # what backend(patterns=...) names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,28 +74,31 @@ def reports() -> List[List[Lowered]]:
         return [list(entries) for entries in _reports]
 
 
-def explain(model: Callable, *args, **kwargs) -> Explanation:
-    """What ``torch.compile(model, backend=backend())`` would lower and keep, and why, for a
-    call ``model(*args, **kwargs)``, compiling nothing: ``torch._dynamo.explain`` traces the
-    call (running it eagerly, unlowered) and each graph it traced is lowered for the report
-    only. Like ``torch._dynamo.explain``, it shows the graph breaks too."""
+def explain(model: Callable, *args, patterns: Optional[Iterable[str]] = None, **kwargs) -> Explanation:
+    """What ``torch.compile(model, backend=backend(patterns=patterns))`` would lower and keep,
+    and why, for a call ``model(*args, **kwargs)``, compiling nothing: ``torch._dynamo.explain``
+    traces the call (running it eagerly, unlowered) and each graph it traced is lowered for the
+    report only. Like ``torch._dynamo.explain``, it shows the graph breaks too."""
     import torch._dynamo
 
+    chosen = _chosen(patterns)
     traced = torch._dynamo.explain(model)(*args, **kwargs)
-    entries = [entry for gm in traced.graphs for entry in lower(gm)]  # explain's own graphs: never run
+    entries = [entry for gm in traced.graphs for entry in lower(gm, chosen)]  # explain's own graphs: never run
     return Explanation(len(traced.graphs), [str(reason.reason) for reason in traced.break_reasons], entries)
 
 
-def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None) -> Callable:
+def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None, patterns: Optional[Iterable[str]] = None) -> Callable:
     """A torch.compile backend: the traced graph lowered (``lower``), then compiled by ``inner``
     (a backend's name, e.g. "inductor" or "aot_eager", or a backend itself). ``mode``: inductor's
     (``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``, ...), which ``torch.compile`` takes
-    only without a backend of its own."""
+    only without a backend of its own. ``patterns``: which of ``PATTERNS`` to lower (all by
+    default); the others' matches are kept, and reported so."""
     if mode is not None and inner != "inductor":
         raise ValueError(f"lowering.backend: mode={mode!r} is inductor's; pass inner='inductor' with it, or no mode")
+    chosen = _chosen(patterns)
 
     def compile_lowered(gm: torch.fx.GraphModule, example_inputs):
-        entries = lower(gm)
+        entries = lower(gm, chosen)
         with _lock:
             _reports.append(entries)
         if mode is not None:  # inside a compile: inductor is loaded already
@@ -111,16 +116,28 @@ def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None
     return compile_lowered
 
 
-def lower(gm: torch.fx.GraphModule) -> List[Lowered]:
-    """Rewrite ``gm`` (a graph dynamo traced) in place: every match the library serves becomes a
-    call of ``torch.ops.cudnn_fe.execute``; returns what was lowered and kept, and why."""
+def _chosen(patterns: Optional[Iterable[str]]) -> frozenset:
+    if patterns is None:
+        return frozenset(PATTERNS)
+    chosen = frozenset([patterns] if isinstance(patterns, str) else patterns)
+    unknown = sorted(chosen - set(PATTERNS))
+    if unknown:
+        raise ValueError(f"lowering: unknown patterns {unknown}; choose among {list(PATTERNS)}")
+    return chosen
+
+
+def lower(gm: torch.fx.GraphModule, patterns: Optional[Iterable[str]] = None) -> List[Lowered]:
+    """Rewrite ``gm`` (a graph dynamo traced) in place: every match of ``patterns`` (all of
+    ``PATTERNS`` by default) the library serves becomes a call of ``torch.ops.cudnn_fe.execute``;
+    returns what was lowered and kept, and why."""
+    chosen = _chosen(patterns)
     entries = []
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method") or getattr(node, "_erased", False):  # erased: part of an earlier match
             continue
         for pattern, match in _PATTERNS:
             if node.target in match.targets and (node.op == "call_function") != isinstance(node.target, str):
-                why = match.refusal(node)
+                why = match.refusal(node) if pattern in chosen else "not among the patterns asked for (backend(patterns=...))"
                 if why is None:
                     why = match.replace(gm.graph, node)  # what it was lowered onto
                     entries.append(Lowered(pattern, node.name, True, why))
