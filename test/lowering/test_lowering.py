@@ -192,3 +192,19 @@ def test_patterns_choose_what_is_lowered_and_the_rest_is_reported_kept():
     assert {e.reason for e in entries if e.pattern in ("rms_norm",)} == {"not among the patterns asked for (backend(patterns=...))"}
     with pytest.raises(ValueError, match=r"unknown patterns \['swiglu'\]; choose among \['attention', 'rms_norm', 'layer_norm', 'linear_activation'\]"):
         lowering.backend(patterns=["attention", "swiglu"])
+
+
+def test_a_scale_dynamic_shapes_lift_into_an_input_is_kept_with_its_reason():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = 0.25  # a float attribute: dynamic=True makes it an input of the graph
+
+        def forward(self, x):
+            q = x.view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)  # heads and head dim fixed, as a model's are
+            return F.scaled_dot_product_attention(q, q, q, scale=self.scale)
+
+    x = torch.randn(1, 8, 32, dtype=torch.bfloat16)
+    torch.compile(Scaled(), backend=lowering.backend("eager"), dynamic=True, fullgraph=True)(x)
+    (entry,) = lowering.reports()[-1]
+    assert not entry.lowered and "the scale is an input of the traced graph" in entry.reason

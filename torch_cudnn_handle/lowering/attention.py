@@ -7,6 +7,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import _C
 
@@ -21,6 +22,8 @@ class Attention:
         q, k, v = (value(argument(node, i, name)) for i, name in enumerate(("query", "key", "value")))
         if q is None or k is None or v is None:
             return "q, k or v has no traced value"
+        if any(t.dim() != 4 for t in (q, k, v)):
+            return "q, k and v are not all [B, H, S, D]"
         mask = argument(node, 3, "attn_mask")
         if mask is not None:
             why = _mask_refusal(value(mask), q, k)
@@ -30,14 +33,15 @@ class Attention:
                 return "a mask and is_causal together (torch refuses that call too)"
         if argument(node, 4, "dropout_p", 0.0) != 0.0:
             return "dropout (the library's graph has none)"
-        if any(t.dim() != 4 for t in (q, k, v)):
-            return "q, k and v are not all [B, H, S, D]"
         if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in HALF:
             return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}: cuDNN attention takes float16 or bfloat16, one for all three"
         head = static(q.shape[-1])
         if head is None or head % 8 or any(static(t.shape[-1]) != head for t in (k, v)):
             return "the head dim is not one multiple of 8 for q, k and v"
         scale = argument(node, 6, "scale")
+        if isinstance(scale, torch.fx.Node):
+            return ("the scale is an input of the traced graph (torch.compile(dynamic=True) lifts a module's float attributes): "
+                    "the graph bakes 1/sqrt(D) in; torch._dynamo.config.specialize_float = True keeps it a constant")
         if scale is not None and not math.isclose(scale, head ** -0.5):
             return f"scale {scale}, not the default 1/sqrt({head}) the graph uses"
         q_heads, kv_heads = static(q.shape[1]), static(k.shape[1])
@@ -51,8 +55,6 @@ class Attention:
 
     @staticmethod
     def replace(graph, node) -> str:
-        from ..nn.attention import SDPA_GRAPHS, SDPA_INFERENCE_GRAPHS
-
         from ..nn.attention import SDPA_BIAS_GRAPH, SDPA_BIAS_INFERENCE_GRAPH, SDPA_GRAPHS, SDPA_INFERENCE_GRAPHS
 
         q, k, v = (argument(node, i, name) for i, name in enumerate(("query", "key", "value")))

@@ -11,7 +11,7 @@ up to three small graphs and a torch sum, which the op's autograd node runs as o
 node in C++ (no Python per step):
 
   * ``dZ``: the activation's backward, pointwise (relu from the output ``y``;
-    gelu and silu from the pre-activation ``z``, which their forward graphs write as a
+    gelu, gelu_tanh and silu from the pre-activation ``z``, which their forward graphs write as a
     second output, as the frontend's own swiglu op saves its pre-activations, so
     the backward needs no recompute GEMM); ``dZ = dY`` without an activation;
   * ``dX = dZ @ W`` and ``dW = dZ^T @ X``: the matmul graph, on transposed *views*
@@ -61,7 +61,8 @@ def matmul(graph, a, b):
 
 
 def linear_forward(graph, x, w, b, *, activation: Optional[str]):
-    """``act(x @ w + b)`` (``x @ w`` for ``b=None``); with gelu and silu also the pre-activation."""
+    """``act(x @ w + b)`` (``x @ w`` for ``b=None``); with the activations whose backward reads it
+    (gelu, its tanh approximation, silu) also the pre-activation."""
     dim = _product_dims(x, w)
     stride = row_major(dim)
     z = graph.matmul(x, w, name="mm")
@@ -71,9 +72,11 @@ def linear_forward(graph, x, w, b, *, activation: Optional[str]):
         return declare(z, dim, stride, x.data_type)
     if activation == "relu":
         return declare(graph.relu(z, name="act"), dim, stride, x.data_type)
+    if activation == "silu":
+        act = graph.swish(z, swish_beta=1.0, name="act")
+    elif activation in _WRITES_Z:
+        act = (graph.gelu if activation == "gelu" else graph.gelu_approx_tanh)(z, name="act")
     if activation in _WRITES_Z:
-        act = {"gelu": lambda: graph.gelu(z, name="act"), "gelu_tanh": lambda: graph.gelu_approx_tanh(z, name="act"),
-               "silu": lambda: graph.swish(z, swish_beta=1.0, name="act")}[activation]()
         return [declare(act, dim, stride, x.data_type), declare(z, dim, stride, x.data_type)]
     raise ValueError(f"FusedLinear: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
@@ -168,7 +171,7 @@ def _like_rows(*shapes):
 
 
 def forward_views(activation: Optional[str], bias: bool = True) -> OperandViews:
-    outputs = 2 if activation in _WRITES_Z else 1  # gelu and silu also write z, for their backward
+    outputs = 2 if activation in _WRITES_Z else 1  # the pre-activation z too, for their backward
     inputs = (_rows, lambda w: w.unsqueeze(0).mT) + ((lambda b: b.view(1, 1, -1)),) * bias
     return OperandViews(inputs=inputs, outputs=lambda x, w, *b: [(*x[:-1], w[0])] * outputs)
 
