@@ -25,6 +25,7 @@ from . import op  # noqa: E402  -- registers the kernels of torch.ops.cudnn_fe.*
 from .op import execute, execute_, execute_out, execute_reference, explain  # noqa: E402
 from .frontend_ops import adopt_frontend_ops, restore_frontend_ops  # noqa: E402
 from . import stats  # noqa: E402
+from .prebuild import Prebuilt, prebuild  # noqa: E402
 from ._deprecated import deprecated_attribute  # noqa: E402
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "execute", "execute_out", "execute_", "execute_reference", "explain", "built_graphs",
     "current_handle", "bind_context", "build_scope", "PooledHandle", "release_workspaces", "with_cuda",
     "adopt_frontend_ops", "restore_frontend_ops",
-    "settings", "stats",
+    "prebuild", "Prebuilt", "settings", "stats",
 ]
 
 

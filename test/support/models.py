@@ -94,6 +94,13 @@ class Conv1DMLP(nn.Module):
         return self.conv1d(h, self.proj_weight, self.proj_bias)
 
 
+def token_rows(count: int) -> tuple:
+    """A call's arguments at ``count`` tokens of width 64, bf16 on the GPU where there is one:
+    a module-level function, as ``tch.prebuild(workers=N)`` needs its ``inputs`` to be."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return (torch.randn(count, 64, device=device, dtype=torch.bfloat16),)
+
+
 def transformers_models_available() -> bool:
     """transformers 5 or later (4.x builds its attention mask under vmap, which dynamo on this torch does not trace)."""
     if importlib.util.find_spec("transformers") is None:
