@@ -15,7 +15,7 @@ from typing import List, Sequence
 
 from ..registry.output_strides import row_major
 
-__all__ = ["row_major", "like_layout", "declare", "split_heads", "merge_heads"]
+__all__ = ["row_major", "like_layout", "declare", "split_heads", "merge_heads", "matrix_rows", "matrix_rows_transposed"]
 
 
 def like_layout(dim: Sequence[int], like_stride: Sequence[int]) -> List[int]:
@@ -51,3 +51,13 @@ def merge_heads(o):
     """``[B, H, S, D]`` back to ``[B, S, H*D]`` (a view when ``o`` is BSHD in memory)."""
     b, h, s, d = o.shape
     return o.transpose(1, 2).reshape(b, s, h * d)
+
+
+def matrix_rows(t):
+    """``[..., C]`` as ``[1, rows, C]`` (a view of the same memory): a matmul's operand."""
+    return t.reshape(1, -1, t.shape[-1])
+
+
+def matrix_rows_transposed(t):
+    """``[..., C]`` as ``[1, C, rows]`` (the transposed view: a weight gradient's left operand)."""
+    return t.reshape(1, -1, t.shape[-1]).mT

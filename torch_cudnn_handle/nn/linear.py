@@ -37,13 +37,13 @@ from torch import nn
 
 from ..op import execute
 from ..registry import Backward, BackwardOperand, BackwardStep, OperandViews, register_graph
-from ._layout import declare, row_major
+from ._layout import declare, matrix_rows, matrix_rows_transposed, row_major
 
 __all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "BIAS_FREE_LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD",
            "GELU_BACKWARD"]
 
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-_WRITES_Z = ("gelu", "gelu_tanh", "silu")  # activations whose backward reads the pre-activation z: their forward writes it too
+WRITES_PRE_ACTIVATION = ("gelu", "gelu_tanh", "silu")  # activations whose backward reads the pre-activation z: their forward writes it too
 
 
 # ---------------------------------------------------------------------------------
@@ -74,9 +74,9 @@ def linear_forward(graph, x, w, b, *, activation: Optional[str]):
         return declare(graph.relu(z, name="act"), dim, stride, x.data_type)
     if activation == "silu":
         act = graph.swish(z, swish_beta=1.0, name="act")
-    elif activation in _WRITES_Z:
+    elif activation in WRITES_PRE_ACTIVATION:
         act = (graph.gelu if activation == "gelu" else graph.gelu_approx_tanh)(z, name="act")
-    if activation in _WRITES_Z:
+    if activation in WRITES_PRE_ACTIVATION:
         return [declare(act, dim, stride, x.data_type), declare(z, dim, stride, x.data_type)]
     raise ValueError(f"FusedLinear: activation must be one of {ACTIVATIONS}, got {activation!r}")
 
@@ -112,7 +112,7 @@ def silu_backward(graph, dy, z):
 
 def torch_linear_forward(x, w, b, *, activation: Optional[str]):
     z = F.linear(x, w, b)
-    if activation in _WRITES_Z:
+    if activation in WRITES_PRE_ACTIVATION:
         return [F.silu(z) if activation == "silu" else F.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none"), z]
     return z if activation is None else torch.relu(z)
 
@@ -156,29 +156,19 @@ GELU_BACKWARD = register_graph(gelu_backward, name="nn_gelu_backward")
 # 3-D tensors the matmul takes, so a step records no view node around the op.
 
 
-def _rows(t):
-    """``[..., C]`` as ``[1, rows, C]``."""
-    return t.reshape(1, -1, t.shape[-1])
-
-
-def _rows_t(t):
-    """``[..., C]`` as ``[1, C, rows]`` (the transposed view: dW's left operand)."""
-    return t.reshape(1, -1, t.shape[-1]).mT
-
-
 def _like_rows(*shapes):
     return [shapes[0]]
 
 
 def forward_views(activation: Optional[str], bias: bool = True) -> OperandViews:
-    outputs = 2 if activation in _WRITES_Z else 1  # the pre-activation z too, for their backward
-    inputs = (_rows, lambda w: w.unsqueeze(0).mT) + ((lambda b: b.view(1, 1, -1)),) * bias
+    outputs = 2 if activation in WRITES_PRE_ACTIVATION else 1  # the pre-activation z too, for their backward
+    inputs = (matrix_rows, lambda w: w.unsqueeze(0).mT) + ((lambda b: b.view(1, 1, -1)),) * bias
     return OperandViews(inputs=inputs, outputs=lambda x, w, *b: [(*x[:-1], w[0])] * outputs)
 
 
 # The backward's graphs on natural operands: dZ [..., N] from dY and y (relu) or z (gelu);
 # dX [..., K] = dZ @ W; dW [N, K] = dZ^T @ X.
-_POINTWISE_VIEWS = OperandViews(inputs=(_rows, _rows), outputs=_like_rows)
+_POINTWISE_VIEWS = OperandViews(inputs=(matrix_rows, matrix_rows), outputs=_like_rows)
 RELU_BACKWARD_ROWS = register_graph(relu_backward, name="nn_linear_relu_backward", views=_POINTWISE_VIEWS, stand_in=torch_relu_backward)
 GELU_BACKWARD_ROWS = register_graph(gelu_backward, name="nn_linear_gelu_backward", views=_POINTWISE_VIEWS, stand_in=torch_gelu_backward)
 SILU_BACKWARD_ROWS = register_graph(silu_backward, name="nn_linear_silu_backward", views=_POINTWISE_VIEWS, stand_in=torch_silu_backward)
@@ -186,11 +176,13 @@ GELU_TANH_BACKWARD_ROWS = register_graph(gelu_tanh_backward, name="nn_linear_gel
                                          stand_in=torch_gelu_tanh_backward)
 Z_BACKWARD_ROWS = {"gelu": GELU_BACKWARD_ROWS, "gelu_tanh": GELU_TANH_BACKWARD_ROWS, "silu": SILU_BACKWARD_ROWS}
 MATMUL_DX = register_graph(
-    matmul, name="nn_linear_dx", views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
+    matmul, name="nn_linear_dx", views=OperandViews(inputs=(matrix_rows, lambda w: w.unsqueeze(0)), outputs=lambda dz, w: [(*dz[:-1], w[1])]),
     stand_in=torch_dx,
 )
-MATMUL_DW = register_graph(matmul, name="nn_linear_dw", views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda dz, x: [(dz[-1], x[-1])]),
-                           stand_in=torch_dw)
+MATMUL_DW = register_graph(
+    matmul, name="nn_linear_dw", views=OperandViews(inputs=(matrix_rows_transposed, matrix_rows), outputs=lambda dz, x: [(dz[-1], x[-1])]),
+    stand_in=torch_dw,
+)
 
 
 def _linear_products(dz):

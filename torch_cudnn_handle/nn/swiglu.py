@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Backward, BackwardOperand, BackwardStep, OperandViews, register_graph
-from ._layout import declare, row_major
-from .linear import MATMUL_DW, MATMUL_DX, _rows
+from ._layout import declare, matrix_rows, row_major
+from .linear import MATMUL_DW, MATMUL_DX
 
 __all__ = ["SWIGLU_GATE"]
 
@@ -61,9 +61,9 @@ def torch_swiglu_dup(dy, z):
     return dy * F.silu(z)
 
 
-_ROWS = OperandViews(inputs=(_rows, _rows, _rows), outputs=lambda dy, *_: [dy])
+_ROWS = OperandViews(inputs=(matrix_rows, matrix_rows, matrix_rows), outputs=lambda dy, *_: [dy])
 SWIGLU_DZ = register_graph(swiglu_dz, name="nn_swiglu_dz", views=_ROWS, stand_in=torch_swiglu_dz)
-SWIGLU_DUP = register_graph(swiglu_dup, name="nn_swiglu_dup", views=OperandViews(inputs=(_rows, _rows), outputs=lambda dy, z: [dy]),
+SWIGLU_DUP = register_graph(swiglu_dup, name="nn_swiglu_dup", views=OperandViews(inputs=(matrix_rows, matrix_rows), outputs=lambda dy, z: [dy]),
                             stand_in=torch_swiglu_dup)
 
 
@@ -81,7 +81,7 @@ def _backward():
 SWIGLU_GATE = register_graph(
     swiglu_gate,
     name="nn_swiglu_gate",
-    views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0).mT, _rows), outputs=lambda x, w, up: [(*x[:-1], w[0])] * 2),
+    views=OperandViews(inputs=(matrix_rows, lambda w: w.unsqueeze(0).mT, matrix_rows), outputs=lambda x, w, up: [(*x[:-1], w[0])] * 2),
     backward=_backward(),
     stand_in=torch_swiglu_gate,
 )

@@ -12,7 +12,8 @@ backward reads it, the pre-activation).
 from __future__ import annotations
 
 from ..registry import BackwardOperand, BackwardStep, OperandViews, register_graph
-from .linear import _WRITES_Z, ACTIVATIONS, _rows, _rows_t, matmul, register_linear, torch_linear_forward
+from ._layout import matrix_rows, matrix_rows_transposed
+from .linear import ACTIVATIONS, WRITES_PRE_ACTIVATION, matmul, register_linear, torch_linear_forward
 
 __all__ = ["TRANSPOSED_LINEAR_GRAPHS"]
 
@@ -30,9 +31,9 @@ def torch_forward(x, w, b, *, activation):
 
 
 MATMUL_DX = register_graph(matmul, name="nn_transposed_linear_dx", stand_in=torch_dx,
-                           views=OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0).mT), outputs=lambda dz, w: [(*dz[:-1], w[0])]))
+                           views=OperandViews(inputs=(matrix_rows, lambda w: w.unsqueeze(0).mT), outputs=lambda dz, w: [(*dz[:-1], w[0])]))
 MATMUL_DW = register_graph(matmul, name="nn_transposed_linear_dw", stand_in=torch_dw,
-                           views=OperandViews(inputs=(_rows_t, _rows), outputs=lambda x, dz: [(x[-1], dz[-1])]))
+                           views=OperandViews(inputs=(matrix_rows_transposed, matrix_rows), outputs=lambda x, dz: [(x[-1], dz[-1])]))
 
 
 def _products(dz):
@@ -41,8 +42,9 @@ def _products(dz):
 
 
 def _views(activation) -> OperandViews:
-    outputs = 2 if activation in _WRITES_Z else 1
-    return OperandViews(inputs=(_rows, lambda w: w.unsqueeze(0), lambda b: b.view(1, 1, -1)), outputs=lambda x, w, b: [(*x[:-1], w[1])] * outputs)
+    outputs = 2 if activation in WRITES_PRE_ACTIVATION else 1
+    return OperandViews(inputs=(matrix_rows, lambda w: w.unsqueeze(0), lambda b: b.view(1, 1, -1)),
+                        outputs=lambda x, w, b: [(*x[:-1], w[1])] * outputs)
 
 
 TRANSPOSED_LINEAR_GRAPHS = {
