@@ -9,15 +9,17 @@ rest goes to the inner backend (inductor by default). The parameters stay the mo
 they are the traced graph's inputs. The patterns, one module each:
 
 * attention.py: ``F.scaled_dot_product_attention``, causal or not, grouped-query heads with
-  ``enable_gqa=True``; fp16/bf16, a head dim that is a multiple of 8, no mask, no dropout,
-  the default scale;
-* norms.py: ``F.rms_norm`` / ``nn.RMSNorm``, RMSNorm written by hand as Llama writes it, and
-  ``F.layer_norm`` / ``nn.LayerNorm``: over the last dim, with a weight (and a bias), a constant eps;
+  ``enable_gqa=True``, a mask (boolean or of q's dtype) as an additive bias; fp16/bf16, a head
+  dim that is a multiple of 8, no dropout, the default scale;
+* norms.py: ``F.rms_norm`` / ``nn.RMSNorm``, RMSNorm written by hand (Llama's and OLMo 2's
+  orders of the weight and the cast), and ``F.layer_norm`` / ``nn.LayerNorm``: over the last
+  dim, with a weight (and a bias), a constant eps;
 * linears.py (activations.py reads the activation): a linear (bias or none), or an addmm viewed
   back (GPT-2's ``Conv1D``), whose output goes through exact or tanh gelu (torch's, or written
   out as GPT-2 writes it), relu or silu alone; and SwiGLU's gate ``silu(linear(x, W_gate)) * linear(x, W_up)``.
 
-Anything else stays torch's, and ``reports()`` says why, node by node. A CPU model is
+Anything else stays torch's, and ``reports()`` says why, node by node (``explain()`` says it
+before compiling; ``backend(patterns=...)`` lowers only the families named). A CPU model is
 lowered too: the op runs each graph through its reference interpreter, so the lowering is
 tested without a GPU.
 """
