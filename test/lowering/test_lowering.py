@@ -208,3 +208,27 @@ def test_a_scale_dynamic_shapes_lift_into_an_input_is_kept_with_its_reason():
     torch.compile(Scaled(), backend=lowering.backend("eager"), dynamic=True, fullgraph=True)(x)
     (entry,) = lowering.reports()[-1]
     assert not entry.lowered and "the scale is an input of the traced graph" in entry.reason
+
+
+def test_masked_grouped_query_attention_serves_every_length_in_one_frame():
+    class MaskedGQA(nn.Module):  # as transformers writes it under torch 2.11: an explicit boolean causal mask
+        def forward(self, x):
+            b, t, _ = x.shape
+            q = x.view(b, t, 4, 16).transpose(1, 2)
+            k = v = x[..., :32].view(b, t, 2, 16).transpose(1, 2)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril().expand(b, 1, t, t)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    frames = []
+
+    def counting(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(MaskedGQA(), backend=lowering.backend(counting), fullgraph=True, dynamic=True)
+    for length in (12, 20, 33):
+        x = torch.randn(2, length, 64, dtype=torch.bfloat16)
+        torch.testing.assert_close(compiled(x).float(), MaskedGQA()(x).float(), rtol=2e-2, atol=2e-2)
+    assert len(frames) == 1
+    (entry,) = lowering.reports()[-1]
+    assert entry.lowered and "the mask as a bias (grouped-query)" in entry.reason

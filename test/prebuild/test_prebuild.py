@@ -53,3 +53,23 @@ def test_what_prebuild_refuses_says_the_fix():
         tch.prebuild(layer(), [3], lambda n: torch.randn(n, 64, dtype=torch.bfloat16), progress=False)
     with settings.override(plan_store=False), pytest.raises(ValueError, match=r"settings.set_plan_store\(True\)"):
         tch.prebuild(layer(), [3], token_rows)
+
+
+def test_a_lowered_compiled_model_prebuilds_every_length_in_one_frame():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from support.models import LlamaLayer
+    from torch_cudnn_handle import lowering
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LlamaLayer(kv_heads=2).to(torch.bfloat16)
+    counter = CompileCounterWithBackend(lowering.backend("aot_eager"))
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    tokens = lambda n: (torch.randn(2, n, 64, dtype=torch.bfloat16),)  # noqa: E731
+    tch.prebuild(compiled, [40], tokens, backward=True, progress=False)
+    compiled_once = counter.frame_count  # the first compile (aot may trace it twice, specializing the norms' eps)
+    done = tch.prebuild(compiled, [72, 136], tokens, backward=True, progress=False)
+    assert done.sizes == [72, 136] and counter.frame_count == compiled_once  # no length compiled again
+    assert any(e.lowered and e.pattern == "attention" for e in lowering.reports()[-1])
+    torch._dynamo.reset()
