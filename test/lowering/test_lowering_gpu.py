@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from support.compiled_pairs import assert_agree, compiled_pair, outputs_and_gradients
-from support.models import Conv1DMLP, GPT2Block, LlamaLayer, WrittenRMSNorm, transformers_model, transformers_models_available
+from support.models import Conv1DMLP, GPT2Block, LlamaLayer, MaskedGQA, WrittenRMSNorm, transformers_model, transformers_models_available
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import lowering
 from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
@@ -23,6 +23,7 @@ MODELS = {  # a model as users write it, how many matches it has lowered, an inp
     "gpt2_block": (GPT2Block, 4, (2, 128, 64)),  # two norms, the attention, the MLP's linear + gelu
     "llama_layer": (lambda: LlamaLayer(kv_heads=2, norm=WrittenRMSNorm), 4, (2, 128, 64)),  # two norms, the attention, the SwiGLU gate
     "conv1d_mlp": (Conv1DMLP, 1, (2, 128, 64)),  # the addmm + written tanh gelu
+    "masked_gqa": (MaskedGQA, 1, (2, 128, 64)),  # the attention, its boolean mask as a bias
 }
 
 
@@ -34,7 +35,7 @@ def test_a_lowered_model_agrees_with_inductor_alone(name):
     assert_agree(plain, lowered, plain._orig_mod, model, torch.randn(*shape, device="cuda", dtype=torch.bfloat16))
     entries = lowering.reports()[-1]
     assert sum(e.lowered for e in entries) == lowered_count, entries
-    if name != "conv1d_mlp":
+    if name in ("gpt2_block", "llama_layer"):
         assert built(SDPA_GRAPHS[True]) > before  # the attention ran on a cuDNN plan
 
 

@@ -75,6 +75,18 @@ class LlamaLayer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+class MaskedGQA(nn.Module):
+    """Grouped-query attention with an explicit boolean causal mask, as transformers builds it
+    under torch.compile on torch 2.11 (q: 4 heads of 16 from x, k = v: 2 heads from its first 32)."""
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = x.view(b, t, 4, 16).transpose(1, 2)
+        k = v = x[..., :32].view(b, t, 2, 16).transpose(1, 2)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril().expand(b, 1, t, t)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
 class Conv1DMLP(nn.Module):
     """GPT-2's MLP as ``transformers`` writes it: ``Conv1D`` projections (``addmm`` on an
     ``[in, out]`` weight) around ``gelu_new``, the tanh gelu written out."""
