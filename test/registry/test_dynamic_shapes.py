@@ -51,6 +51,23 @@ def test_sdpa_compiles_once_for_every_length():
     assert (len(backend.fw_graphs), len(backend.bw_graphs)) == (1, 1)
 
 
+def test_one_kv_head_in_token_major_memory_compiles_once_for_every_length():
+    """Multi-query attention: k and v of one head, [B, S, 1, D] in memory (a projection's output
+    transposed). The size-1 head dim ties its stride with the sequence's; dK and dV keep that
+    layout, and their strides follow the length symbolically."""
+
+    def attention(x):
+        b, s, _ = x.shape
+        q = x.view(b, s, 4, 16).transpose(1, 2)
+        kv = x[..., :16].contiguous().view(b, s, 1, 16).transpose(1, 2)
+        from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
+
+        return tch.execute(SDPA_GRAPHS[True], [q, kv, kv])[0].transpose(1, 2).reshape(b, s, 64)
+
+    backend = compile_over(attention, [(2, n, 64) for n in (24, 40, 136)])
+    assert (len(backend.fw_graphs), len(backend.bw_graphs)) == (1, 1)
+
+
 def matmul(graph, a, b):
     return graph.matmul(a, b, name="mm")
 

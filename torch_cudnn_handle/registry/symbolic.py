@@ -106,10 +106,12 @@ def _symbolic_size(name: str, output: int, axis: int, at_hints: int, at_probe: i
     )
 
 
-def _packed(sizes: Sequence, like_stride: Sequence[int]) -> list:
-    """Packed strides of ``sizes`` (ints or SymInts) in the dimension order of
-    ``like_stride`` (innermost first; ties, such as size-1 dimensions, as row-major)."""
-    order = sorted(range(len(sizes)), key=lambda axis: (like_stride[axis], -axis))
+def _packed(sizes: Sequence, like: TensorSpec) -> list:
+    """Packed strides of ``sizes`` (ints or SymInts) in the dimension order of ``like``'s
+    strides, innermost first. A tie comes from a size-1 dimension: it goes inside its partner,
+    so both keep the tied stride (as a head dim of 1 in a [B, S, H, D] layout does); other
+    ties as row-major."""
+    order = sorted(range(len(sizes)), key=lambda axis: (like.stride[axis], like.shape[axis] != 1, -axis))
     strides, acc = [0] * len(sizes), 1
     for axis in order:
         strides[axis] = acc
@@ -119,7 +121,7 @@ def _packed(sizes: Sequence, like_stride: Sequence[int]) -> list:
 
 def _dense_strides(name: str, output: int, sizes, at_hints: TensorSpec, at_probe: TensorSpec, hints, probe) -> list:
     """The output's strides over its symbolic sizes, checked against both descriptions."""
-    strides = _packed(sizes, at_hints.stride)
+    strides = _packed(sizes, at_hints)
     if tuple(_at(s, hints) for s in strides) != at_hints.stride or tuple(_at(s, probe) for s in strides) != at_probe.stride:
         raise ValueError(
             f"cudnn_fe.execute: graph {name!r}: under torch.compile(dynamic=True), output {output} is not laid out "
@@ -146,4 +148,4 @@ def shaped_outputs(name: str, shapes, inputs: Sequence[torch.Tensor], layout_at_
             f"{[[_at(n, hints) for n in shape] for shape in shapes]} at the inputs' sizes, but the graph's description "
             f"says {described}"
         )
-    return [(shape, _packed(shape, spec.stride), spec.dtype) for shape, spec in zip(shapes, layout_at_hints.outputs)]
+    return [(shape, _packed(shape, spec), spec.dtype) for shape, spec in zip(shapes, layout_at_hints.outputs)]
