@@ -35,48 +35,43 @@ from .linear import FusedLinear
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "SDPA_BIAS_GRAPH", "SDPA_BIAS_INFERENCE_GRAPH", "sdpa_inference_forward"]
 
 
+def _attention(graph, q, k, v, *, stats: bool, options: dict):
+    """``O`` (and with ``stats`` the softmax statistics) of the sdpa node, ``options`` its
+    masking (the causal band, or an additive ``bias``): every forward graph here."""
+    b, h, s_q, _ = q.dim
+    o, lse = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=stats, attn_scale=_scale(q), use_padding_mask=False, **options)
+    o_dim = [b, h, s_q, v.dim[3]]
+    o = declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
+    if not stats:
+        return o
+    stats_dim = [b, h, s_q, 1]
+    return [o, declare(lse, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT)]
+
+
+def _attention_backward(graph, q, k, v, o, d_o, stats, *, options: dict) -> list:
+    """``dQ, dK, dV`` of the sdpa_backward node, ``options`` as the forward's."""
+    dq, dk, dv = graph.sdpa_backward(
+        name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats, attn_scale=_scale(q), use_padding_mask=False,
+        # The registry builds a separate graph under torch.use_deterministic_algorithms(True).
+        use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(), **options,
+    )
+    return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))]
+
+
 def sdpa_forward(graph, q, k, v, *, causal: bool):
     """``O = softmax(Q K^T / sqrt(D) [causal]) V`` and the softmax ``Stats``."""
-    b, h, s_q, _ = q.dim
-    o, stats = graph.sdpa(
-        name="sdpa", q=q, k=k, v=v, generate_stats=True, attn_scale=_scale(q), use_padding_mask=False, **_mask(causal)
-    )
-    o_dim = [b, h, s_q, v.dim[3]]
-    stats_dim = [b, h, s_q, 1]
-    return [
-        declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type),
-        declare(stats, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT),
-    ]
+    return _attention(graph, q, k, v, stats=True, options=_mask(causal))
 
 
 def sdpa_inference_forward(graph, q, k, v, *, causal: bool):
     """``O`` alone, no softmax statistics: what a call that needs no gradient runs. With
     head dim 512 on sm90 a frost engine (``sdpa_fwd_prefill_sm90``) serves it."""
-    b, h, s_q, _ = q.dim
-    o, _ = graph.sdpa(
-        name="sdpa", q=q, k=k, v=v, generate_stats=False, attn_scale=_scale(q), use_padding_mask=False, **_mask(causal)
-    )
-    o_dim = [b, h, s_q, v.dim[3]]
-    return declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
+    return _attention(graph, q, k, v, stats=False, options=_mask(causal))
 
 
 def sdpa_backward(graph, q, k, v, o, d_o, stats, *, causal: bool):
     """``dQ, dK, dV``."""
-    dq, dk, dv = graph.sdpa_backward(
-        name="sdpa_backward",
-        q=q,
-        k=k,
-        v=v,
-        o=o,
-        dO=d_o,
-        stats=stats,
-        attn_scale=_scale(q),
-        use_padding_mask=False,
-        # The registry builds a separate graph under torch.use_deterministic_algorithms(True).
-        use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(),
-        **_mask(causal),
-    )
-    return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))]
+    return _attention_backward(graph, q, k, v, o, d_o, stats, options=_mask(causal))
 
 
 # dQ, dK, dV from Q, K, V, O, dO (given O's strides), Stats; declared, so the autograd
@@ -115,26 +110,16 @@ SDPA_INFERENCE_GRAPHS = {
 
 
 def sdpa_bias_forward(graph, q, k, v, bias):
-    b, h, s_q, _ = q.dim
-    o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, bias=bias, generate_stats=True, attn_scale=_scale(q), use_padding_mask=False)
-    o_dim, stats_dim = [b, h, s_q, v.dim[3]], [b, h, s_q, 1]
-    return [declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type), declare(stats, stats_dim, row_major(stats_dim), cudnn.data_type.FLOAT)]
+    return _attention(graph, q, k, v, stats=True, options=dict(bias=bias))
 
 
 def sdpa_bias_inference_forward(graph, q, k, v, bias):
-    b, h, s_q, _ = q.dim
-    o, _ = graph.sdpa(name="sdpa", q=q, k=k, v=v, bias=bias, generate_stats=False, attn_scale=_scale(q), use_padding_mask=False)
-    o_dim = [b, h, s_q, v.dim[3]]
-    return declare(o, o_dim, like_layout(o_dim, q.stride), q.data_type)
+    return _attention(graph, q, k, v, stats=False, options=dict(bias=bias))
 
 
 def sdpa_bias_backward(graph, q, k, v, bias, o, d_o, stats):
     """``dQ, dK, dV``; none for the bias."""
-    dq, dk, dv = graph.sdpa_backward(
-        name="sdpa_backward", q=q, k=k, v=v, o=o, dO=d_o, stats=stats, bias=bias, attn_scale=_scale(q), use_padding_mask=False,
-        use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled(),
-    )
-    return [declare(g, t.dim, like_layout(t.dim, t.stride), q.data_type) for g, t in ((dq, q), (dk, k), (dv, v))] + [None]
+    return _attention_backward(graph, q, k, v, o, d_o, stats, options=dict(bias=bias)) + [None]
 
 
 SDPA_BIAS_GRAPH = register_graph(
