@@ -13,11 +13,10 @@ import torch.fx
 import torch.nn.functional as F
 from torch import _C
 
-from .fx_values import calls, only_user
+from .fx_values import ADD, MUL, calls, only_user, other_operand
 
 _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", _C._nn.gelu: "gelu", F.gelu: "gelu", F.silu: "silu", _C._nn.silu: "silu"}
 _METHODS = {"relu": "relu"}
-_ADD, _MUL = ((operator.add, torch.add), ("add",)), ((operator.mul, torch.mul), ("mul",))
 
 
 def activation_of(x: torch.fx.Node) -> Optional[Tuple[str, torch.fx.Node]]:
@@ -50,9 +49,7 @@ def _called(node, x) -> Optional[str]:
 
 def _scaled(node, operand, constant: float) -> bool:
     """``node`` is ``constant * operand`` (either order)."""
-    if not calls(node, *_MUL) or len(node.args) != 2 or operand not in node.args:
-        return False
-    other = node.args[1] if node.args[0] is operand else node.args[0]
+    other = other_operand(node, operand, MUL)
     return isinstance(other, (int, float)) and math.isclose(other, constant, rel_tol=1e-6)
 
 
@@ -64,11 +61,11 @@ def _written_gelu_tanh(x) -> Optional[torch.fx.Node]:
         return None
     half = next((u for u in users if _scaled(u, x, 0.5)), None)
     cube = next((u for u in users if calls(u, (torch.pow, operator.pow), ("pow",)) and u.args[0] is x and u.args[1] == 3), None)
-    inner = next((u for u in users if calls(u, *_ADD) and len(u.args) == 2 and x in u.args), None)
+    inner = next((u for u in users if other_operand(u, x, ADD) is not None), None)
     if half is None or cube is None or inner is None:
         return None
     cubed = only_user(cube)
-    if cubed is None or not _scaled(cubed, cube, 0.044715) or cubed not in inner.args:
+    if cubed is None or not _scaled(cubed, cube, 0.044715) or other_operand(inner, x, ADD) is not cubed:
         return None
     argument = only_user(inner)
     if argument is None or not _scaled(argument, inner, math.sqrt(2 / math.pi)):
@@ -77,9 +74,10 @@ def _written_gelu_tanh(x) -> Optional[torch.fx.Node]:
     if not calls(tanh, (torch.tanh,), ("tanh",)):
         return None
     one_plus = only_user(tanh)
-    if not calls(one_plus, *_ADD) or len(one_plus.args) != 2 or 1 not in one_plus.args or tanh not in one_plus.args:
+    one = other_operand(one_plus, tanh, ADD)
+    if not isinstance(one, (int, float)) or one != 1:
         return None
     result = only_user(one_plus)
-    if not calls(result, *_MUL) or only_user(half) is not result or set(result.args) != {half, one_plus}:
+    if only_user(half) is not result or other_operand(result, half, MUL) is not one_plus:
         return None
     return result

@@ -10,6 +10,8 @@ import torch
 import torch.fx
 
 HALF = (torch.float16, torch.bfloat16)
+ADD = ((operator.add, torch.add), ("add",))  # calls(node, *ADD): a sum as a trace records it
+MUL = ((operator.mul, torch.mul), ("mul",))
 
 
 def value(arg) -> Optional[torch.Tensor]:
@@ -41,6 +43,14 @@ def calls(node, functions=(), methods=()) -> bool:
     if not isinstance(node, torch.fx.Node):
         return False
     return (node.op == "call_function" and node.target in functions) or (node.op == "call_method" and node.target in methods)
+
+
+def other_operand(node, operand, binary):
+    """``node`` is ``operand`` (either side) combined with something by ``binary`` (``ADD`` or
+    ``MUL``): that something (a node or a constant), else None."""
+    if not calls(node, *binary) or len(node.args) != 2 or operand not in node.args:
+        return None
+    return node.args[1] if node.args[0] is operand else node.args[0]
 
 
 def execute(graph: torch.fx.Graph, before, graph_id: int, inputs: list, output: int = 0) -> torch.fx.Node:

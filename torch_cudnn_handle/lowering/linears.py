@@ -7,7 +7,6 @@ no activation stays cuBLAS's: the fusion's gain is the epilogue."""
 
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 from torch import _C
 
 from .activations import activation_of
-from .fx_values import HALF, argument, calls, contiguous, execute, only_user, static, value
+from .fx_values import HALF, MUL, argument, calls, contiguous, execute, only_user, other_operand, static, value
 
 _LINEARS = (_C._nn.linear, F.linear)
 
@@ -38,11 +37,7 @@ def _output(node) -> Optional[torch.fx.Node]:
 def _up_projection(gated) -> Optional[torch.fx.Node]:
     """SwiGLU: ``gated`` (a silu) times a bias-free linear of the gate's own input, by the gate's
     width: that linear's node, or None."""
-    product = only_user(gated)
-    if not calls(product, (operator.mul, torch.mul), ("mul",)) or len(product.args) != 2 or gated not in product.args:
-        return None
-    up = product.args[1] if product.args[0] is gated else product.args[0]
-    gate = gated.args[0]
+    up, gate = other_operand(only_user(gated), gated, MUL), gated.args[0]
     if not calls(up, _LINEARS) or up is gate or argument(up, 2, "bias") is not None or argument(up, 0, "input") is not argument(gate, 0, "input"):
         return None
     gate_weight, up_weight = value(argument(gate, 1, "weight")), value(argument(up, 1, "weight"))
@@ -62,8 +57,9 @@ class LinearActivation:
                     "linear stays cuBLAS's)")
         if node.target is torch.addmm and (len(node.args) != 3 or node.kwargs):
             return "an addmm with beta or alpha"
-        x, weight, bias = (value(operand) for operand in _operands(node))
-        if x is None or weight is None or (bias is None and _operands(node)[2] is not None):
+        operands = _operands(node)
+        x, weight, bias = (value(operand) for operand in operands)
+        if x is None or weight is None or (bias is None and operands[2] is not None):
             return "no traced value"
         if x.dtype not in HALF or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
             return f"dtypes {x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}: the graph takes float16 or bfloat16, one for all"

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .fx_values import HALF, argument, calls, contiguous, execute, only_user, static, value
+from .fx_values import ADD, HALF, MUL, argument, calls, contiguous, execute, only_user, other_operand, static, value
 
 
 def _affine_refusal(x, affine, size, eps) -> Optional[str]:
@@ -92,15 +92,13 @@ def _mean_of_squares(node, x32) -> bool:
     square = node.args[0]
     if calls(square, (torch.pow, operator.pow), ("pow",)):
         return square.args[0] is x32 and square.args[1] == 2
-    return calls(square, (operator.mul, torch.mul), ("mul",)) and square.args[0] is x32 and square.args[1] is x32
+    return other_operand(square, x32, MUL) is x32
 
 
 def _weight_product(node, operand):
     """``node`` is ``operand * w`` (either order): ``w``, unwrapped from a ``.float()`` (the
     graph scales in float32 either way), or None."""
-    if not calls(node, (operator.mul, torch.mul), ("mul",)) or len(node.args) != 2 or operand not in node.args:
-        return None
-    weight = node.args[1] if node.args[0] is operand else node.args[0]
+    weight = other_operand(node, operand, MUL)
     return weight.args[0] if _float32(weight) else weight
 
 
@@ -109,12 +107,8 @@ def _written_rms_norm(rsqrt) -> Optional[_Written]:
     ``rsqrt(mean(x32 ** 2, -1, keepdim=True) + eps)``, ``x32 * that``, then the weight and the
     cast back to x's dtype in either order (Llama's: cast, then ``w * ``; OLMo 2's: ``w * ``, then cast)."""
     add, scaled = rsqrt.args[0], only_user(rsqrt)
-    if not calls(add, (operator.add, torch.add), ("add",)) or len(add.args) != 2:
-        return None
-    if not calls(scaled, (operator.mul, torch.mul), ("mul",)) or rsqrt not in scaled.args:
-        return None
-    x32 = scaled.args[1] if scaled.args[0] is rsqrt else scaled.args[0]
-    if not _float32(x32) or not any(_mean_of_squares(term, x32) for term in add.args):
+    x32 = other_operand(scaled, rsqrt, MUL)
+    if not calls(add, *ADD) or len(add.args) != 2 or not _float32(x32) or not any(_mean_of_squares(term, x32) for term in add.args):
         return None
     eps = add.args[1] if _mean_of_squares(add.args[0], x32) else add.args[0]
     step = only_user(scaled)
