@@ -46,7 +46,8 @@ def prebuild(module: torch.nn.Module, sizes: Iterable, inputs: Callable, *, back
     """Run ``module(*inputs(size))`` once for each of ``sizes`` (with ``backward=True`` also its
     backward, from the sum of its floating outputs), so that the plans those calls need are
     built and stored. ``inputs(size)`` returns the call's arguments, a tuple, on the device the
-    module is to serve on. ``workers``: processes to spread the sizes over (1: this one)."""
+    module is to serve on; with ``backward=True`` its floating tensors get a gradient too, as a
+    layer's input does in training. ``workers``: processes to spread the sizes over (1: this one)."""
     sizes = list(sizes)
     if not sizes:
         raise ValueError("prebuild: no sizes given; pass the sizes to build for, e.g. range(128, 4097, 128)")
@@ -74,6 +75,8 @@ def _run(module, sizes: Sequence, inputs: Callable, backward: bool, done: Callab
         arguments = inputs(size)
         if not isinstance(arguments, tuple):
             raise TypeError(f"prebuild: inputs({size!r}) returned {type(arguments).__name__}; return the call's arguments as a tuple")
+        if backward:  # as in training, where a layer's input carries a gradient too: its dX plan is built
+            arguments = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in arguments)
         with torch.set_grad_enabled(backward):
             outputs = module(*arguments)
             if backward:

@@ -26,9 +26,9 @@ def layer():
 
 def test_each_size_is_called_once_forward_and_backward(capsys):
     module, seen = layer(), []
-    module.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    module.register_forward_hook(lambda m, args, out: seen.append((tuple(args[0].shape), args[0].requires_grad)))
     done = tch.prebuild(module, [3, 5, 9], token_rows, backward=True)
-    assert seen == [(3, 64), (5, 64), (9, 64)] and done.sizes == [3, 5, 9]
+    assert seen == [((3, 64), True), ((5, 64), True), ((9, 64), True)] and done.sizes == [3, 5, 9]  # dX built as training does
     assert done.builds == 0 and done.stored == 0 and done.seconds > 0  # the CPU builds nothing
     assert module.weight.grad is not None  # the backward ran
     assert "prebuild: 3/3 sizes" in capsys.readouterr().err
