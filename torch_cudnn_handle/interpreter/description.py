@@ -67,16 +67,11 @@ def graph_nodes(graph) -> list:
 def all_tensors(graph) -> Dict[int, Any]:
     """Every tensor the nodes touch (and their ragged offsets), by uid."""
     found: Dict[int, Any] = {}
-
-    def add(tensor) -> None:
-        if tensor is None or tensor.uid in found:
-            return
-        found[tensor.uid] = tensor
-        add(tensor.ragged_offset)
-
     for node in graph_nodes(graph):
         for tensor in (*node.inputs.values(), *node.outputs.values()):
-            add(tensor)
+            while tensor is not None and tensor.uid not in found:  # the tensor, then its ragged offset (no recursive closure: no cycle per call)
+                found[tensor.uid] = tensor
+                tensor = tensor.ragged_offset
     return found
 
 
