@@ -9,7 +9,8 @@ import torch
 import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn.linear import (BIAS_FREE_LINEAR_GRAPHS, GELU_BACKWARD_ROWS, GELU_TANH_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW,
                                           MATMUL_DX, RELU_BACKWARD_ROWS, SILU_BACKWARD_ROWS)
-from torch_cudnn_handle.nn.norm import rmsnorm_graph
+from torch_cudnn_handle import registry
+from torch_cudnn_handle.nn.norm import layernorm_graph, rmsnorm_graph
 from torch_cudnn_handle.nn.swiglu import SWIGLU_DUP, SWIGLU_DZ, SWIGLU_GATE
 from torch_cudnn_handle.nn import transposed_linear
 from torch_cudnn_handle.op import stand_in
@@ -34,7 +35,14 @@ CASES = {
     "dx": (MATMUL_DX, [DY, W]),
     "dw": (MATMUL_DW, [DY, X]),
     "rmsnorm": (rmsnorm_graph(1e-5), [X, torch.rand(16) + 0.5]),
+    "layernorm": (layernorm_graph(1e-5), [X, torch.rand(16) + 0.5, torch.randn(16)]),
 }
+# The norms' backward graphs, on the statistics their forward saved.
+_RMS_STATS = tch.execute(rmsnorm_graph(1e-5), CASES["rmsnorm"][1])[1]
+_LN_STATS = tch.execute(layernorm_graph(1e-5), CASES["layernorm"][1])[1:]
+CASES["rmsnorm_backward"] = (registry.definition(rmsnorm_graph(1e-5)).backward_id, [torch.randn(2, 5, 16), X, CASES["rmsnorm"][1][1], _RMS_STATS])
+CASES["layernorm_backward"] = (registry.definition(layernorm_graph(1e-5)).backward_id,
+                               [torch.randn(2, 5, 16), X, CASES["layernorm"][1][1], *_LN_STATS])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -60,6 +60,14 @@ def torch_rmsnorm_forward(x, weight, *, eps: float):
     return [(x32 * inv_var * weight.float()).to(x.dtype), inv_var]
 
 
+def torch_rmsnorm_backward(dy, x, weight, inv_var):
+    """The backward graph's torch stand-in: ``dX`` and ``dScale`` from the saved ``inv_var``, in float32 as the graph."""
+    x_hat, dy32 = x.float() * inv_var, dy.float()
+    g = dy32 * weight.float()
+    dx = inv_var * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    return [dx.to(x.dtype), (dy32 * x_hat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)]
+
+
 # dY, X, scale, inv_var: declared, so the backward runs natively, without Python.
 BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1))
 
@@ -88,14 +96,15 @@ _graphs: Dict[tuple, int] = {}  # (norm, eps) -> its graph id, for the process
 _lock = threading.Lock()
 
 
-def _graph_for(norm: str, eps: float, forward, backward, operands, views, backward_views, stand_in) -> int:
+def _graph_for(norm: str, eps: float, forward, backward, operands, views, backward_views, stand_in, backward_stand_in) -> int:
     """The registered ``norm`` graph for ``eps``, registered once per value (``eps`` is part of its definition)."""
     eps = float(eps)
     with _lock:
         if (norm, eps) not in _graphs:
             _graphs[norm, eps] = register_graph(
                 forward, name=f"nn_{norm}_eps{eps:g}", params=dict(eps=eps), views=views,
-                backward=Backward.graph(backward, operands=operands, views=backward_views), stand_in=functools.partial(stand_in, eps=eps),
+                backward=Backward.graph(backward, operands=operands, views=backward_views, stand_in=backward_stand_in),
+                stand_in=functools.partial(stand_in, eps=eps),
             )
         return _graphs[norm, eps]
 
@@ -103,7 +112,7 @@ def _graph_for(norm: str, eps: float, forward, backward, operands, views, backwa
 def rmsnorm_graph(eps: float) -> int:
     """The registered rmsnorm graph for ``eps``."""
     return _graph_for("rmsnorm", eps, rmsnorm_forward, rmsnorm_backward, BACKWARD_OPERANDS, _FORWARD_VIEWS, _BACKWARD_VIEWS,
-                      torch_rmsnorm_forward)
+                      torch_rmsnorm_forward, torch_rmsnorm_backward)
 
 
 def layernorm_forward(graph, x, scale, bias, *, eps: float):
@@ -130,6 +139,15 @@ def torch_layernorm_forward(x, weight, bias, *, eps: float):
     return [((x32 - mean) * inv_var * weight.float() + bias.float()).to(x.dtype), mean, inv_var]
 
 
+def torch_layernorm_backward(dy, x, weight, mean, inv_var):
+    """The backward graph's torch stand-in: ``dX``, ``dScale`` and ``dBias`` from the saved statistics, in float32 as the graph."""
+    x_hat, dy32 = (x.float() - mean) * inv_var, dy.float()
+    g = dy32 * weight.float()
+    dx = inv_var * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    rows = lambda t: t.reshape(-1, x.shape[-1])  # noqa: E731
+    return [dx.to(x.dtype), rows(dy32 * x_hat).sum(0).to(weight.dtype), rows(dy32).sum(0).to(weight.dtype)]
+
+
 # dY, X, scale, mean, inv_var: declared. Natural operands: x [..., C], weight and bias [C]; y like x, the statistics [..., 1].
 LAYERNORM_BACKWARD_OPERANDS = (BackwardOperand.grad(0), BackwardOperand.input(0), BackwardOperand.input(1), BackwardOperand.output(1),
                                BackwardOperand.output(2))
@@ -140,7 +158,7 @@ _LAYERNORM_BACKWARD_VIEWS = OperandViews(inputs=(_rows, _rows, _channels, _rows,
 def layernorm_graph(eps: float) -> int:
     """The registered layernorm graph for ``eps``."""
     return _graph_for("layernorm", eps, layernorm_forward, layernorm_backward, LAYERNORM_BACKWARD_OPERANDS, _LAYERNORM_VIEWS,
-                      _LAYERNORM_BACKWARD_VIEWS, torch_layernorm_forward)
+                      _LAYERNORM_BACKWARD_VIEWS, torch_layernorm_forward, torch_layernorm_backward)
 
 
 class RMSNorm(nn.Module):

@@ -75,13 +75,17 @@ class Backward:
     reads: Optional[Tuple[BackwardOperand, ...]] = None  # function: what it reads (None: everything)
     materialize_grads: bool = True  # a function (or computed operands) gets zeros, not None, for a missing gradient
     differentiable_outputs: Optional[Tuple[int, ...]] = None  # None: the kind's default
+    stand_in: Optional[Callable[..., Any]] = None  # graph: torch ops computing its outputs (register_graph's stand_in=)
 
     @classmethod
-    def graph(cls, builder, *, operands=None, ragged=None, views=None, materialize_grads=True, differentiable_outputs=None) -> "Backward":
+    def graph(cls, builder, *, operands=None, ragged=None, views=None, materialize_grads=True, differentiable_outputs=None,
+              stand_in=None) -> "Backward":
         """One backward graph, ``builder(graph, *operands, **params)`` returning one gradient
         (or None) per forward input. ``operands``: ``BackwardOperand``\\ s, or a function
         ``(grad_outputs, inputs, outputs) -> tensors``, or None for all of them. With named
-        operands the outputs whose gradient is not among them are non-differentiable."""
+        operands the outputs whose gradient is not among them are non-differentiable.
+        ``stand_in``: torch ops returning the backward graph's outputs from its operands, which
+        serve a new layout's first calls as the forward's ``stand_in`` does."""
         if not callable(builder):
             raise TypeError(f"register_graph: backward must be callable, got {type(builder).__name__}")
         if views is not None and not isinstance(views, OperandViews):
@@ -96,7 +100,7 @@ class Backward:
         return cls(
             "graph", builder=builder, operands=named, compute_operands=None if named else (operands or all_operands),
             ragged=ragged, views=views, materialize_grads=bool(materialize_grads),
-            differentiable_outputs=_indices(differentiable_outputs, "differentiable_outputs"),
+            differentiable_outputs=_indices(differentiable_outputs, "differentiable_outputs"), stand_in=stand_in,
         )
 
     @classmethod

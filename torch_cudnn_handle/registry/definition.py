@@ -251,7 +251,7 @@ class Definitions:
                 name=f"{name}_backward", builder=backward.builder, params=dict(params), num_inputs=backward_arity,
                 tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
                 views=backward.views, reference=reference, background_builds=background_builds,  # the backward graph's too
-                stand_in_calls=stand_in_calls,
+                stand_in_calls=stand_in_calls, stand_in=backward.stand_in,
             )
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,

@@ -38,6 +38,54 @@ def test_a_graph_only_the_backend_serves_may_go_to_a_build_process_one_a_python_
     assert not build_process.backend_only(_sdpa_description())  # the frost sdpa engines' family does
 
 
+_DESCRIBE_IN_A_FRESH_PROCESS = """
+import sys
+from torch_cudnn_handle.registry.plans import build_worker
+sys.stdout.write(repr(build_worker._described(None, sys.stdin.buffer.read())))
+"""
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "rmsnorm"])
+def test_a_recipe_describes_the_same_graph_in_a_fresh_process(kind):
+    import torch
+
+    from torch_cudnn_handle import registry
+    from torch_cudnn_handle.nn.attention import SDPA_GRAPHS
+    from torch_cudnn_handle.nn.norm import rmsnorm_graph
+    from torch_cudnn_handle.registry import TensorSpec
+    from torch_cudnn_handle.registry.describe import describe
+
+    if kind == "sdpa":
+        graph_id, tensors = SDPA_GRAPHS[True], [torch.empty(2, 4, 96, 64, dtype=torch.bfloat16) for _ in range(3)]
+    else:
+        graph_id, tensors = rmsnorm_graph(1e-6), [torch.empty(3, 40, 256, dtype=torch.bfloat16), torch.empty(256, dtype=torch.bfloat16)]
+    definition, specs = registry.definition(graph_id), tuple(TensorSpec.of(t) for t in tensors)
+    recipe = build_process.recipe_of(definition, specs)
+    assert recipe is not None
+    here = repr(describe(definition, specs).graph)  # what this process builds: the frontend's description, uids included
+    there = subprocess.run([sys.executable, "-c", _DESCRIBE_IN_A_FRESH_PROCESS], input=recipe, capture_output=True, timeout=120)
+    assert there.returncode == 0, there.stderr.decode()[-2000:]
+    assert there.stdout.decode() == here
+
+
+def test_a_definition_that_cannot_travel_has_no_recipe():
+    import torch
+
+    import torch_cudnn_handle as tch
+    from torch_cudnn_handle import registry
+    from torch_cudnn_handle.registry import TensorSpec
+
+    specs = (TensorSpec.of(torch.empty(2, 8, 16)),)
+    closure = registry.definition(tch.register_graph(lambda g, x: g.relu(x), name="recipe_lambda"))
+    assert build_process.recipe_of(closure, specs) is None  # a lambda does not pickle
+    scale = 2.0
+
+    def local_builder(g, x):
+        return g.mul(x, scale)
+
+    assert build_process.recipe_of(registry.definition(tch.register_graph(local_builder, name="recipe_local")), specs) is None
+
+
 def test_a_helper_answers_refuses_what_it_cannot_build_and_is_reused():
     before = build_process.stats()
     assert build_process.build_description("{}", 0) is None  # not a graph description: the helper says so

@@ -6,8 +6,8 @@ statically, tuned or not); which one served a graph is the ``plan_source`` of it
   * ``"kernel_cache"``: described with dynamic shapes and built with the kernel cache of
     its graph structure (kernel_caches.py), so kernels compiled for another layout are
     reused;
-  * ``"build_process"``: a background build of a graph only the cuDNN backend serves,
-    built by a build process (build_process.py, Note [The build process]) and
+  * ``"build_process"``: a background build, built by a build process (the backend's JSON,
+    or the graph's recipe where a Python engine family may claim it) (build_process.py, Note [The build process]) and
     deserialized here, checked as a stored plan is;
   * ``"static"``: described and built as always.
 
@@ -63,6 +63,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
     (Note [One route per call]); ``clock`` gets each phase's seconds (build_timing.py). Inputs
     the description materializes (``layout.materialized``) are keyed and timed at their full shape."""
     deterministic, tuned = route.deterministic, route.tuned
+    call_specs = specs  # as the call gave them (a build process describes from these)
     dynamic = "kernel_cache" in route.plan_from
     slot = kernel_caches.slot_for(definition.graph_id, device, specs, deterministic) if dynamic else None
     options = dict(kernel_cache=slot.cache, is_dynamic_shape_enabled=True) if slot is not None and not slot.refused else {}
@@ -97,7 +98,7 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
             )
 
     if "build_process" in route.plan_from and layout.all_declared():  # a helper builds what it can (build_process.offer)
-        elsewhere = build_process.offer(graph, device)
+        elsewhere = build_process.offer(graph, device, recipe=lambda: build_process.recipe_of(definition, call_specs))
         clock.lap("build_process")
         if elsewhere is not None:
             blob, engine = elsewhere

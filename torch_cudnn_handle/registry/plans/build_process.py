@@ -12,11 +12,17 @@ the frontend's JSON description, to a build process: a helper running
 the serialized plan. The build thread waits on the pipe without the GIL, then
 deserializes the plan (about 4 ms, GIL held) as the plan store does a stored one.
 
-Which builds: ``offer`` takes a description and returns None, so that the caller builds
-in-process, for a graph a Python (frost) engine family may serve (its description is
-not the backend's JSON, and the plan walk could pick that engine), and when the
-``build_process`` setting is off. Untuned static builds with every output's layout
-declared, under no deterministic algorithms (plans/__init__.py asks for no other).
+Which builds: ``offer`` takes a description; a graph only the backend serves travels as the
+backend's JSON. A graph a Python (frost) engine family may claim (sdpa, the norms) is
+described by the frontend's own JSON until the frontend ranks its plans, and neither
+that nor the backend's JSON of it loads again (measured: docs/plans.md), so it travels as
+its recipe (``recipe_of``: its definition and specs, pickled), which the helper describes
+itself, as the registry does, and builds with the frontend's own walk; where that walk
+picks a Python engine (whose plan cannot travel), the helper says so and the caller
+builds. A definition that does not pickle (a lambda or a closure for a builder, a builder
+in ``__main__``), a ragged one, and every graph with the ``build_process`` setting off are
+built in-process (``offer`` returns None). Untuned static builds with every output's
+layout declared, under no deterministic algorithms (plans/__init__.py asks for no other).
 
 Lifetime and threads: at most ``HELPERS`` helper processes, started at the first build
 offered and kept, each serving one build at a time; a build thread takes an idle one.
@@ -31,20 +37,23 @@ until the setting is set again; a build that fails in a helper is built in-proce
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
+import pickle
 import select
 import subprocess
 import sys
 import threading
 import time
 import warnings
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from ... import settings
 from ..._extension import _C
+from ..operand_views import described_specs
 from .build_worker import read_message, write_message
 
-__all__ = ["HELPERS", "BUILD_TIMEOUT_SECONDS", "offer", "build_description", "backend_only", "rejected", "stats"]
+__all__ = ["HELPERS", "BUILD_TIMEOUT_SECONDS", "offer", "recipe_of", "build_description", "backend_only", "rejected", "stats"]
 
 HELPERS = 2  # build processes at most; the graph cache runs as many build threads (graph_cache.py)
 BUILD_TIMEOUT_SECONDS = 600.0  # a helper silent this long is ended, and the build done in-process
@@ -135,28 +144,53 @@ def backend_only(graph) -> bool:
     return not manifest.engines_for(graph)
 
 
-def offer(graph, device: int) -> Optional[Tuple[bytes, str]]:
+def offer(graph, device: int, recipe: Optional[Callable[[], Optional[bytes]]] = None) -> Optional[Tuple[bytes, str]]:
     """``(serialized plan, engine name)`` of ``graph`` (a validated description, not built)
     built for ``device`` in a build process; None where the caller builds it itself. Offered
-    where the call's route says (its build_process setting, routes.py)."""
+    where the call's route says (its build_process setting, routes.py). ``recipe()``: the
+    graph's ``recipe_of``, asked for a graph a Python engine family may claim."""
     if not backend_only(graph):
-        return None
+        made = recipe() if recipe is not None else None
+        return None if made is None else _ask({"device": device, "recipe": made})
     description = repr(graph)  # a lowered description prints as the backend's JSON
     if "cudnn_backend_version" not in description:
         return None
     return build_description(description, device)
 
 
+def recipe_of(definition, specs) -> Optional[bytes]:
+    """How a build process describes ``definition`` for ``specs`` itself: the definition less
+    what describing does not read (its views, applied here: the specs its builder sees go
+    instead; its stand-in, backward, buckets), pickled; None where it does not pickle (a
+    lambda or a closure), its builder is ``__main__``'s (the helper's ``__main__`` is its own
+    program) or it is ragged."""
+    builder = definition.builder
+    if builder is None or definition.ragged is not None or getattr(builder, "__module__", "__main__") == "__main__":
+        return None
+    as_written = definition.views is not None  # the registry describes a graph with views as written
+    if as_written:
+        specs = described_specs(definition.name, definition.views, specs)
+    portable = dataclasses.replace(definition, views=None, stand_in=None, backward=None, output_shapes=None, buckets=None)
+    try:
+        return pickle.dumps((portable, tuple(specs), as_written), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 -- pickle raises several types for what it cannot take: built in-process
+        return None
+
+
 def build_description(description: str, device: int) -> Optional[Tuple[bytes, str]]:
-    """The frontend's JSON ``description`` built for ``device`` in a build process:
+    """The backend's JSON ``description`` built for ``device`` in a build process:
     ``(serialized plan, engine name)``, or None (no helper, or the build failed there:
     ``stats()["last_error"]`` says why)."""
+    return _ask({"device": device, "description": description})
+
+
+def _ask(request: dict) -> Optional[Tuple[bytes, str]]:
     helper = _take()
     if helper is None:
         return None
     started = time.perf_counter()
     try:
-        answer = helper.call({"device": device, "description": description}, timeout=BUILD_TIMEOUT_SECONDS)
+        answer = helper.call(request, timeout=BUILD_TIMEOUT_SECONDS)
     except (OSError, RuntimeError, EOFError) as error:
         _count(failures=1, started=-1, last_error=f"{type(error).__name__}: {error}")  # closed; the next build starts another
         return None

@@ -2,7 +2,8 @@
 
 Run by build_process.py as a script (``python build_worker.py``); the package imports it
 only for the message framing the two share. It imports the frontend and the CUDA runtime
-bindings only, not torch, so it starts in a fraction of a second. Its parent speaks to it over its stdin and stdout in
+bindings only, so it starts in a fraction of a second, until a request sends a recipe
+(below): describing one imports torch and the package, once per helper. Its parent speaks to it over its stdin and stdout in
 messages (``read_message`` / ``write_message``: an 8-byte length, then a pickle); its
 own prints go to stderr, which it shares with the parent. Note [The build process]
 (build_process.py) says why it exists.
@@ -11,10 +12,14 @@ own prints go to stderr, which it shares with the parent. Note [The build proces
      (the parent's, so both build for the same cuDNN: a version that differs is refused;
      None where the parent has none) and answers ``{"ok": True, "pid": ...}`` or
      ``{"ok": False, "error": ...}`` and exits;
-  2. each request ``{"device": ordinal, "description": the frontend's JSON}``: the graph is
-     built exactly as the registry builds one untuned (``build([A, FALLBACK])``) on a handle
-     of its own for that device, and the answer is ``{"ok": True, "blob": serialized plan,
-     "engine": name}`` or ``{"ok": False, "error": ...}``;
+  2. each request ``{"device": ordinal, "description": the backend's JSON}``, or
+     ``{"device": ordinal, "recipe": a pickled (definition, specs, as_written)}`` (a graph a
+     Python engine family may claim, whose JSON is the frontend's own: the helper describes
+     it itself, as the registry does): the graph is built exactly as the registry builds
+     one untuned (``build([A, FALLBACK])``, the frontend's own plan walk) on a handle of its
+     own for that device, and the answer is ``{"ok": True, "blob": serialized plan,
+     "engine": name}``, or ``{"ok": False, "error": ...}`` (a Python engine's plan, which
+     cannot travel, included);
   3. end of its stdin (the parent exited or let it go): it exits.
 
 One request at a time; its handles (one per device) and CUDA contexts live as long as it does.
@@ -79,14 +84,29 @@ def _build(cudnn, runtime, handles: dict, request) -> dict:
             raise RuntimeError(f"cudaSetDevice({device}) failed: {status}")
         handles[device] = cudnn.create_handle()
     runtime.cudaSetDevice(device)
-    graph = cudnn.pygraph(handle=handles[device])
-    graph.deserialize(request["description"])
+    if "recipe" in request:
+        graph = _described(handles[device], request["recipe"])
+    else:
+        graph = cudnn.pygraph(handle=handles[device])
+        graph.deserialize(request["description"])
     graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    if getattr(graph, "selected_engine", None) is not None:
+        return {"ok": False, "error": f"the walk selected the frontend's Python engine {graph.selected_engine.name!r}, whose plan "
+                                      "is built in the caller's process"}
     try:  # what serves it, as registry/plans' engine_of names it
         engine = f"backend:{graph.get_plan_name_at_index(graph._plan_index)}"
     except Exception:  # noqa: BLE001 -- a name is a report, never a reason to fail a build
         engine = "backend"
     return {"ok": True, "blob": graph.serialize(as_bytes=True), "engine": engine}
+
+
+def _described(handle, recipe: bytes):
+    """The graph a recipe describes, described as the registry describes it (this imports the
+    builder's module, so torch and the package)."""
+    definition, specs, as_written = pickle.loads(recipe)
+    from torch_cudnn_handle.registry.describe import describe
+
+    return describe(definition, specs, handle, as_written=as_written).graph
 
 
 def main() -> None:
