@@ -16,6 +16,17 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     run-to-run equality.
 
 Neither under deterministic algorithms: the call builds and waits, one implementation per run.
+
+Note [A call's build on a thread of its own]: a build in the call (no stand-in) runs on a
+call-build thread while the call waits (``build_for_caller``), because the frontend's
+planning keeps a heuristic mode's not-supported exception in a local of its own frame
+(``_create_backend_plans`` in cudnn/_pygraph.py, frontend 1.32): a frame and traceback
+cycle that holds every frame above it until the garbage collector runs. On the caller's
+thread those are the op's callers, a compiled graph's buffers among them; under
+``mode="reduce-overhead"`` cudagraph trees' pool check then saw a warm-up's saved tensors
+(attention's q, k, v, output and stats, on an H100) freed by its own ``gc.collect()``
+and failed. A call-build thread's frames hold none of the caller's tensors. A tuned build
+stays on the caller's thread (it times plans on the caller's stream).
 A build that fails off the caller's path is raised by the next call, which builds in its own.
 The graph cache keeps the counts under its lock; a built entry keeps what is left (``left``).
 """
@@ -29,7 +40,9 @@ from typing import Dict, Optional
 from .._extension import _C
 from .plans import build_process
 
-__all__ = ["FirstCalls"]
+__all__ = ["FirstCalls", "CALL_BUILD_THREADS"]
+
+CALL_BUILD_THREADS = 4  # builds in calls at once (each caller waits on its own); more callers queue
 
 
 def _relaxed_build_thread() -> None:
@@ -48,8 +61,9 @@ class FirstCalls:
     def __init__(self):
         self._served: Dict[tuple, int] = {}
         self._failed: set = set()  # keys whose background build failed: built in the caller's path
-        self._lock = threading.Lock()  # the executor's, made once
+        self._lock = threading.Lock()  # the executors', each made once
         self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._call_threads: Optional[concurrent.futures.ThreadPoolExecutor] = None  # Note [A call's build on a thread of its own]
 
     def submit(self, fn, *args) -> None:
         """``fn(*args)`` on a build thread."""
@@ -58,6 +72,15 @@ class FirstCalls:
                 self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
                                                                       initializer=_relaxed_build_thread)
         self._threads.submit(fn, *args)
+
+    def build_for_caller(self, fn, *args):
+        """``fn(*args)`` on a call-build thread, waited for: its result, or its error raised here."""
+        with self._lock:
+            if self._call_threads is None:
+                self._call_threads = concurrent.futures.ThreadPoolExecutor(max_workers=CALL_BUILD_THREADS,
+                                                                           thread_name_prefix="torch_cudnn_handle-call-build",
+                                                                           initializer=_relaxed_build_thread)
+        return self._call_threads.submit(fn, *args).result()
 
     def failed_before(self, key) -> bool:
         """Whether ``key``'s background build failed (its next call builds in its own path and raises)."""

@@ -163,6 +163,8 @@ class GraphCache:
         if background:  # Note [Builds off the caller's path]: the stand-in serves this call
             self._first_calls.submit(self._run_build, key, definition, device, specs, future, route, True)
             return self._stood_in(route, started_a_build=True)
+        if route.runs_on == "cudnn" and not route.tuned:  # Note [A call's build on a thread of its own] (first_calls.py)
+            return self._first_calls.build_for_caller(self._run_build, key, definition, device, specs, future, route)
         return self._run_build(key, definition, device, specs, future, route)
 
     def _stood_in(self, route: Route, started_a_build: bool = False) -> None:
