@@ -49,7 +49,7 @@ class Resolved:
     dynamic_shapes: bool = False
     plan_tuning: bool = False
     background_builds: bool = False
-    stand_in_calls: int = 2
+    stand_in_calls: int = 0
     attention_buckets: bool = False
     native_path: bool = True
     native_hand_over: str = "build"
