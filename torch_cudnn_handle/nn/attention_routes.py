@@ -3,9 +3,9 @@
 Note [Attention off the caller's path]: with the ``background_builds`` setting on as well,
 no sdpa call waits for a build. A call whose plan (its bucket's, or a dense one) is not
 built yet is served by torch's own attention (``torch_attention``) while the plan
-builds on a build thread (not in a build process: an sdpa's description is the
-frontend's own JSON, not the backend's, so the caller's Python still waits while cuDNN
-holds the GIL), and a length's ``TAKE_OVER_CALLS``-th bucketed call
+builds off the caller's path (a dense plan in a build process, from its recipe; a
+bucket's ragged plan on the build thread itself, where cuDNN's build holds the GIL, so
+the caller's Python waits meanwhile), and a length's ``TAKE_OVER_CALLS``-th bucketed call
 starts the exact (dense) plan's build for it, which serves that length once built, so a
 length used often runs at an exact plan's steady cost. Never under deterministic
 algorithms (one plan, built in the call: bitwise across calls), never while compiling or

@@ -155,7 +155,7 @@ def decide(definition, resolved: Resolved, facts: Facts) -> Route:
     if stand_in and resolved.build_process and not (kernel_cache or tuned):
         plan_from += ("build_process",)
         why.append(("build process", "the build_process setting is on and the build is off the caller's path, static and untuned "
-                                     "(a helper takes a graph cuDNN's backend alone serves; another builds on the build thread)"))
+                                     "(a helper builds it from the backend's JSON or from the graph's recipe; one it cannot take builds on the build thread)"))
     plan_from += ("kernel_cache",) if kernel_cache else ("static",)
     why.append(("build", f"{'with a kernel cache (cuDNN 9.21 or newer, else static)' if kernel_cache else 'static'}: {cache_reason}"))
     why.append(("tuned", f"{'yes' if tuned else 'no'}: {tuned_reason}"))
