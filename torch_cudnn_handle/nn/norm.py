@@ -144,8 +144,8 @@ def torch_layernorm_backward(dy, x, weight, mean, inv_var):
     x_hat, dy32 = (x.float() - mean) * inv_var, dy.float()
     g = dy32 * weight.float()
     dx = inv_var * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
-    rows = lambda t: t.reshape(-1, x.shape[-1])  # noqa: E731
-    return [dx.to(x.dtype), rows(dy32 * x_hat).sum(0).to(weight.dtype), rows(dy32).sum(0).to(weight.dtype)]
+    channels = x.shape[-1]
+    return [dx.to(x.dtype), (dy32 * x_hat).reshape(-1, channels).sum(0).to(weight.dtype), dy32.reshape(-1, channels).sum(0).to(weight.dtype)]
 
 
 # dY, X, scale, mean, inv_var: declared. Natural operands: x [..., C], weight and bias [C]; y like x, the statistics [..., 1].
