@@ -16,6 +16,8 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     run-to-run equality.
 
 Neither under deterministic algorithms: the call builds and waits, one implementation per run.
+A build that fails off the caller's path is raised by the next call, which builds in its own.
+The graph cache keeps the counts under its lock; a built entry keeps what is left (``left``).
 
 Note [A call's build on a thread of its own]: a build in the call (no stand-in) runs on a
 call-build thread while the call waits (``build_for_caller``), because the frontend's
@@ -27,8 +29,6 @@ thread those are the op's callers, a compiled graph's buffers among them; under
 (attention's q, k, v, output and stats, on an H100) freed by its own ``gc.collect()``
 and failed. A call-build thread's frames hold none of the caller's tensors. A tuned build
 stays on the caller's thread (it times plans on the caller's stream).
-A build that fails off the caller's path is raised by the next call, which builds in its own.
-The graph cache keeps the counts under its lock; a built entry keeps what is left (``left``).
 """
 
 from __future__ import annotations
@@ -65,22 +65,21 @@ class FirstCalls:
         self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._call_threads: Optional[concurrent.futures.ThreadPoolExecutor] = None  # Note [A call's build on a thread of its own]
 
+    def _executor(self, attribute: str, workers: int, prefix: str) -> concurrent.futures.ThreadPoolExecutor:
+        """The executor kept in ``attribute``, made on first use."""
+        with self._lock:
+            if getattr(self, attribute) is None:
+                setattr(self, attribute, concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix,
+                                                                               initializer=_relaxed_build_thread))
+            return getattr(self, attribute)
+
     def submit(self, fn, *args) -> None:
         """``fn(*args)`` on a build thread."""
-        with self._lock:
-            if self._threads is None:
-                self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=build_process.HELPERS, thread_name_prefix="torch_cudnn_handle-build",
-                                                                      initializer=_relaxed_build_thread)
-        self._threads.submit(fn, *args)
+        self._executor("_threads", build_process.HELPERS, "torch_cudnn_handle-build").submit(fn, *args)
 
     def build_for_caller(self, fn, *args):
         """``fn(*args)`` on a call-build thread, waited for: its result, or its error raised here."""
-        with self._lock:
-            if self._call_threads is None:
-                self._call_threads = concurrent.futures.ThreadPoolExecutor(max_workers=CALL_BUILD_THREADS,
-                                                                           thread_name_prefix="torch_cudnn_handle-call-build",
-                                                                           initializer=_relaxed_build_thread)
-        return self._call_threads.submit(fn, *args).result()
+        return self._executor("_call_threads", CALL_BUILD_THREADS, "torch_cudnn_handle-call-build").submit(fn, *args).result()
 
     def failed_before(self, key) -> bool:
         """Whether ``key``'s background build failed (its next call builds in its own path and raises)."""
