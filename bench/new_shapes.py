@@ -25,8 +25,12 @@ calls run torch's ops while its plans build: Note [A new layout's first calls]).
    and torch eager's.
 4. ``processes``: two processes sharing a plan store run the main job's block's first
    training step: plan obtaining seconds, cold and warm (goal <= 0.1).
+5. ``repro``: two processes sharing a plan store (the first builds, the second loads) run
+   one sequence of new sizes (a ``TransformerBlock(256, 4)``'s training steps, 3 per length),
+   with the settings of the environment, then again under deterministic algorithms: every
+   output and gradient hashed, the runs compared bitwise.
 
-    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,linear_buckets,block,processes] [--json out.json]
+    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,linear_buckets,block,processes,repro] [--json out.json]
 """
 
 from __future__ import annotations
@@ -281,6 +285,50 @@ def processes_part():
     return reports
 
 
+def repro_process(path: str, deterministic: bool) -> None:
+    """Part 5, one process: the sequence, each step's output and gradients hashed (sha256 of their bytes)."""
+    import hashlib
+
+    import torch
+
+    from torch_cudnn_handle.nn import TransformerBlock
+
+    torch.use_deterministic_algorithms(deterministic)
+    torch.manual_seed(0)
+    block = TransformerBlock(256, 4, device="cuda", dtype=torch.bfloat16)
+    digests = []
+    for length in draw(6, 7, 32, 512):
+        x = torch.randn(2, length, 256, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(length))
+        for _ in range(3):  # a stand-in's calls, then the plan's
+            block.zero_grad(set_to_none=True)
+            y = block(x)
+            y.float().square().mean().backward()
+            hashed = hashlib.sha256()
+            for t in [y] + [p.grad for p in block.parameters()]:
+                hashed.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            digests.append(hashed.hexdigest()[:16])
+    with open(path, "w") as file:
+        json.dump(digests, file)
+
+
+def repro_part() -> dict:
+    """Two processes of one sequence, by default and under deterministic algorithms: bitwise equal or not."""
+    found = {}
+    with tempfile.TemporaryDirectory() as directory:
+        environment = dict(os.environ, TORCH_CUDNN_HANDLE_PLAN_STORE="1", TORCH_CUDNN_HANDLE_PLAN_STORE_DIR=os.path.join(directory, "plans"))
+        environment["PYTHONPATH"] = os.pathsep.join([ROOT, environment.get("PYTHONPATH", "")])
+        for mode in ("default", "deterministic"):
+            runs = []
+            for i in (1, 2):
+                path = os.path.join(directory, f"{mode}{i}.json")
+                command = [sys.executable, os.path.abspath(__file__), "--repro-process", path] + (["--deterministic"] if mode != "default" else [])
+                subprocess.run(command, env=environment, check=True)
+                with open(path) as file:
+                    runs.append(json.load(file))
+            found[mode] = dict(steps=len(runs[0]), equal=runs[0] == runs[1], differing=[i for i, (a, b) in enumerate(zip(*runs)) if a != b])
+    return found
+
+
 def print_part(title: str, results: dict, baseline_torch: str) -> None:
     print(f"\n{title}\n{'candidate':<26}{'first call ms':>14}{'steady ms':>11}{'first calls s':>15}   (medians over sizes; first calls: total)")
     for name, entry in results.items():
@@ -311,14 +359,18 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=16, help="sizes the build-per-size candidates are timed at")
     parser.add_argument("--block-lengths", type=int, default=20)
     parser.add_argument("--steady-calls", type=int, default=20)
-    parser.add_argument("--parts", default="sdpa,linear,linear_buckets,block,processes")
+    parser.add_argument("--parts", default="sdpa,linear,linear_buckets,block,processes,repro")
     parser.add_argument("--sdpa-off-path", action="store_true", help="sdpa by buckets with background builds (else buckets in the call)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 4's child: write its report here
+    parser.add_argument("--repro-process", help=argparse.SUPPRESS)  # part 5's child: write its digests here
+    parser.add_argument("--deterministic", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     require_cuda_gpu(__file__)
     if args.block_process:
         return block_process(args.block_process)
+    if args.repro_process:
+        return repro_process(args.repro_process, args.deterministic)
     import cudnn
 
     import torch_cudnn_handle as tch
@@ -359,6 +411,11 @@ def main() -> None:
               f"{warm['obtain_seconds']:.3f} s warm, {ratio:.3f}x (goal <= {GOAL_PLAN_RATIO}); first step "
               f"{cold['first_step_s']:.2f} s / {warm['first_step_s']:.2f} s after start")
         figures["second process"] = dict(cold=cold, warm=warm, plan_ratio=ratio, goal=GOAL_PLAN_RATIO)
+    if "repro" in parts:
+        figures["repro"] = repro_part()
+        for mode, found in figures["repro"].items():
+            print(f"\ntwo processes, {found['steps']} training steps at new lengths ({mode}): "
+                  f"{'bitwise equal' if found['equal'] else 'DIFFER at steps ' + str(found['differing'])}")
     if args.json:
         with open(args.json, "w") as file:
             json.dump(figures, file, indent=1, default=str)

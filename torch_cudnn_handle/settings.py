@@ -77,7 +77,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("tuning_file", "TORCH_CUDNN_HANDLE_TUNING_FILE", "file", os.path.join(_CACHE, "plan_tuning.json"),
             "the JSON file that keeps tuned plan choices", old_variables=("TORCH_CUDNN_HANDLE_TUNING_CACHE",)),
     Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024, "built graphs kept in memory; the least recently used is evicted first"),
-    Setting("stand_in_calls", "TORCH_CUDNN_HANDLE_STAND_IN_CALLS", "count", 0,
+    Setting("stand_in_calls", "TORCH_CUDNN_HANDLE_STAND_IN_CALLS", "count", 2,
             "a new layout's first N calls run in torch's ops (nn modules) while its plan builds off the caller's path; call N+1 waits for it"),
     Setting("background_builds", "TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS", "bool", False,
             "serving mode: torch ops serve a new layout until its plan, built on a background thread, is ready (which calls: the build's timing)"),

@@ -67,3 +67,28 @@ def test_two_processes_running_one_sequence_give_bitwise_equal_outputs(determini
     for run in digests:
         assert run.returncode == 0, run.stderr[-3000:]
     assert digests[0].stdout == digests[1].stdout, [d.stdout for d in digests]
+
+
+def test_torchs_own_cudnn_attention_runs_beside_plans_built_off_the_callers_path(fresh_settings):
+    """Note [A fetched plan is loaded by the call that takes it]: a build thread never deserializes
+    (cuDNN's deserialize captures a CUDA graph of its own); torch's cuDNN attention in this thread
+    failed while one did (an H100, 40 new lengths). Here it runs after each of 16 new lengths'
+    stand-in calls, while their plans build in build processes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from torch_cudnn_handle.nn import sdpa
+
+    settings.set_stand_in_calls(2)
+    lengths = range(80, 80 + 16 * 37, 37)
+    inputs = {n: [torch.randn(2, 8, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)] for n in lengths}
+    for _ in range(2):
+        for q, k, v in inputs.values():
+            torch.autograd.grad(sdpa(q, k, v, True).float().sum(), [q, k, v])  # the stand-in's calls: builds start
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum(), [q, k, v])
+    torch.cuda.synchronize()
+    for q, k, v in inputs.values():  # the third calls take the plans, loading them
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(sdpa(q, k, v, True), expected, rtol=2e-2, atol=2e-2)
+    assert tch.stats.graphs()["stand_in_calls"] >= 2 * len(lengths)

@@ -19,7 +19,7 @@ SLOW_BUILD = """
 import sys, time
 from torch_cudnn_handle.registry import build as build_module, graph_cache
 
-def slow_build(definition, device, specs, route):
+def slow_build(definition, device, specs, route, fetch_only=False):
     time.sleep({seconds})
     built = build_module.BuiltGraph(graph=None, device=device, inputs=specs, layout=build_module.GraphLayout((), ()), uids=(),
                                     workspace_size=0, phase_seconds={{}})

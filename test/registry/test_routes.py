@@ -64,7 +64,7 @@ def test_the_one_rule_of_stand_ins(per_graph, setting, count, deterministic, cap
     assert route.stand_in == (stand_in if serves else "")
     assert route.stand_in_calls == ((-1 if serving else calls) if serves else 0)
     assert route.build_on == ("build_thread" if serves else "refused" if capturing else "caller")
-    assert route.native == ("second_call" if serves and not serving else "at_build")  # never native before the stand-in's calls
+    assert route.native == ("second_call" if serves else "at_build")  # never native before the stand-in's calls, nor on the build thread
     assert route.deterministic == deterministic
 
 
@@ -146,7 +146,7 @@ def test_explain_a_traced_call_says_nothing_runs():
 @pytest.mark.parametrize("settings_on, words", [
     ({}, ["route: cudnn/static/native@at_build", "the call builds its plan and waits: the interpreter would stand in",
           "plan store: the plan_store setting is off", "tuned: no: the plan_tuning setting is off"]),
-    (dict(plan_store=True, background_builds=True), ["route: cudnn/plan_store+build_process+static/stand_in=interpreter/native@at_build",
+    (dict(plan_store=True, background_builds=True), ["route: cudnn/plan_store+build_process+static/stand_in=interpreter/native@second_call",
                                                      "interpreter serves while the plan builds on a build thread",
                                                      "build process: the build_process setting is on"]),
     (dict(dynamic_shapes=True, plan_tuning=True, native_hand_over="second_call"),

@@ -96,7 +96,7 @@ def _drop_built_graphs() -> None:
     release them into: it leaves them."""
     if _C.with_cuda and _C.forked_after_handles():
         return
-    still_building = _graph_cache.wait_for_builds(EXIT_WAIT_SECONDS)  # see graph_cache.py's "Exit"
+    still_building = _graph_cache.wait_for_builds(EXIT_WAIT_SECONDS, take=False)  # see graph_cache.py's "Exit"
     if still_building:
         warnings.warn(f"torch_cudnn_handle: exiting with {still_building} cuDNN build(s) still in flight after {EXIT_WAIT_SECONDS:g} s")
         return  # their threads still use the cache: leave it to the process's end
@@ -281,8 +281,8 @@ def description(graph_id: int, specs: Sequence[TensorSpec], device: Optional[int
 
 
 def wait_for_builds(timeout: float) -> int:
-    """Wait, at most ``timeout`` seconds, until no build is in flight (the build threads' of
-    Note [Builds off the caller's path] included); how many still are."""
+    """Wait, at most ``timeout`` seconds, until no build is in flight (the build threads' included),
+    and load the plans they fetched here, as the call taking each would; how many still are."""
     return _graph_cache.wait_for_builds(timeout)
 
 

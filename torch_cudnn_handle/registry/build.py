@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import warnings
 from typing import Any, Optional, Tuple
 
@@ -38,13 +39,13 @@ from .build_timing import PhaseClock
 from .data_types import integer_default
 from .definition import Definition
 from .operand_views import described_specs, natural_outputs
-from .plans import DESERIALIZED_SOURCES, engine_of, obtain
+from .plans import DESERIALIZED_SOURCES, engine_of, load_fetched, obtain
 from .plans.tuning import PlanChoice
 from .ragged import packed_of
 from .routes import Route
 from .specs import GraphLayout, TensorSpec, has_bool, layout_lists, torch_dtype_of
 
-__all__ = ["BuiltGraph", "build", "REFERENCE_SOURCE", "REGISTERED_ROUTE"]
+__all__ = ["BuiltGraph", "Fetched", "build", "REFERENCE_SOURCE", "REGISTERED_ROUTE"]
 
 
 REGISTERED_ROUTE = Route("cudnn", ("registered",), why=(("plan from", "register_built_graph: the graph registered, built"),))
@@ -107,11 +108,14 @@ class BuiltGraph:
 REFERENCE_SOURCE = "reference"  # the plan_source of a graph the interpreter runs
 
 
-def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], route: Route) -> BuiltGraph:
+def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], route: Route, fetch_only: bool = False):
     """``definition`` built for ``device`` and input ``specs`` as ``route`` says (where the
     plan comes from, the native path's binding); a graph the interpreter runs (``reference=True``,
     the ``reference_path`` setting) is not built. Inputs the op materializes (Note [Pointwise
-    broadcasts]) are built for at their full shape: ``BuiltGraph.inputs`` are the specs the graph reads."""
+    broadcasts]) are built for at their full shape: ``BuiltGraph.inputs`` are the specs the graph reads.
+    ``fetch_only`` (a build off the caller's path): a plan the store or a build process has is
+    returned as a ``Fetched``, which the call that takes it loads (Note [A fetched plan is loaded
+    by the call that takes it])."""
     clock = PhaseClock()
     deterministic = route.deterministic
     with build_scope(device) as handle:
@@ -121,7 +125,7 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], ro
             clock.lap("describe")
             return _reference_graph(definition, device, specs, layout, clock, route)
         try:
-            obtained = obtain(definition, device, specs, handle, route, clock)
+            obtained = obtain(definition, device, specs, handle, route, clock, fetch_only)
         except Exception as error:
             if not deterministic:
                 _refuse_integer_default(definition, specs, error)
@@ -135,12 +139,56 @@ def build(definition: Definition, device: int, specs: Tuple[TensorSpec, ...], ro
                 raise
             _C.alert_not_deterministic(f"cudnn_fe.execute (graph {definition.name!r}, {', '.join(s.describe() for s in specs)})")
             deterministic = False
-        graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
-        call_specs, specs = specs, materialized_specs(specs, obtained.layout.materialized)  # what the graph reads
-        layout = obtained.layout if obtained.source in DESERIALIZED_SOURCES else _built_layout(definition, specs, outputs, obtained.layout)
-        workspace = int(graph.get_workspace_size())
-        engine = obtained.engine or engine_of(graph)
-        clock.lap("inspect")
+        if obtained.fetched:
+            return Fetched(definition, device, specs, route, obtained, clock, deterministic)
+        return _built(definition, device, specs, route, obtained, clock, deterministic)
+
+
+class Fetched:
+    """Note [A fetched plan is loaded by the call that takes it]: a build off the caller's path
+    (a build thread) stops at the serialized plan when the plan store or a build process has
+    one, read and checked: cuDNN's deserialize captures a CUDA graph of its own on a stream of
+    its own, and while it does, CUDA refuses another thread's unsafe calls (a cudaMalloc in
+    torch's own cuDNN attention failed so on an H100, and the deserialize with it). So the call
+    that takes the plan (the stand-in's count spent, or the serving mode's next call once it
+    is ready), which waits anyway, loads it on a call-build thread while it waits, as does
+    ``wait_for_builds``; no user work of that thread runs meanwhile. Loaded once (``load``); a
+    plan cuDNN will not take back is rejected and built in that call. Held by the graph
+    cache's in-flight table until loaded."""
+
+    def __init__(self, definition, device, specs, route, obtained, clock, deterministic):
+        self.route = route
+        self._arguments = (definition, device, specs, route, obtained, clock, deterministic)
+        self._lock = threading.Lock()  # one load; concurrent takers wait for it
+        self._built: Optional[BuiltGraph] = None
+
+    def load(self) -> BuiltGraph:
+        """The plan deserialized on this thread's handle (once), or built here where cuDNN rejects it."""
+        with self._lock:
+            if self._built is None:
+                self._built = self._loaded()
+            return self._built
+
+    def _loaded(self) -> BuiltGraph:
+        definition, device, specs, route, obtained, clock, deterministic = self._arguments
+        clock.resume()
+        with build_scope(device) as handle:
+            graph = load_fetched(obtained, definition.name, handle)
+            clock.lap("load")
+            if graph is not None:
+                return _built(definition, device, specs, route, dataclasses.replace(obtained, graph=graph), clock, deterministic)
+        rebuilt = build(definition, device, specs, dataclasses.replace(route, plan_from=tuple(p for p in route.plan_from if p not in DESERIALIZED_SOURCES)))
+        return dataclasses.replace(rebuilt, route=route)  # counted on its own route
+
+
+def _built(definition: Definition, device: int, call_specs, route: Route, obtained, clock: PhaseClock, deterministic: bool) -> BuiltGraph:
+    """The BuiltGraph of an obtained (built or deserialized) graph: its layout checked, its native binding made."""
+    graph, outputs, uids, choice = obtained.graph, obtained.outputs, obtained.uids, obtained.choice
+    specs = materialized_specs(call_specs, obtained.layout.materialized)  # what the graph reads
+    layout = obtained.layout if obtained.source in DESERIALIZED_SOURCES else _built_layout(definition, specs, outputs, obtained.layout)
+    workspace = int(graph.get_workspace_size())
+    engine = obtained.engine or engine_of(graph)
+    clock.lap("inspect")
     graph_views = None
     if definition.views is not None:
         graph_views = tuple((s.shape, s.stride) for s in described_specs(definition.name, definition.views, call_specs))

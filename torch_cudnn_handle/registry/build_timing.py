@@ -10,7 +10,8 @@ the op for the first execution), with the phases in the order they run:
   * ``key``: the plan store's key of the description (a fingerprint); only with the
     store on;
   * ``load``: the plan store's read, check and deserialize (a ``plan_store`` route), or
-    the check and deserialize of a plan a build process built;
+    the check and deserialize of a plan a build process built (for a build off the caller's
+    path, the read and check there and the deserialize in the call that takes it);
   * ``build_process``: a background build's wait for a build process (Note [The build
     process], plans/build_process.py), which ran cuDNN's four build steps below;
   * ``operation_graph``, ``heuristics``, ``support``, ``plan``: cuDNN's build, step by
@@ -59,6 +60,10 @@ class PhaseClock:
 
     def __init__(self):
         self.seconds: Dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def resume(self) -> None:
+        """The next lap starts now: the time since the last one was no phase's (a fetched plan waiting for its call)."""
         self._last = time.perf_counter()
 
     def lap(self, phase: str) -> None:

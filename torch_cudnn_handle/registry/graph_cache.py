@@ -9,28 +9,26 @@
     a ``concurrent.futures.Future`` that concurrent first callers wait on and get its
     result or error from. A failed build is not kept: the next call tries again. A
     route that refuses a build (a capture) is an error with the fix (warm up first).
-  * The native hand-over is the graph's ``NativeBinding`` (Note [The native hand-over]):
-    this cache tells it when it is built (build.py), reused (a hit that reached Python)
-    and evicted.
-  * Recency: one clock, CLOCK_MONOTONIC ns: the Python path stamps each hit; eviction also
-    reads a native plan's last run from the extension, stamped on the same clock.
+  * The native hand-over is the graph's ``NativeBinding`` (Note [The native hand-over]): this
+    cache tells it when it is built (build.py), reused (a hit that reached Python) and evicted.
+  * Recency: CLOCK_MONOTONIC ns, stamped by the Python path per hit and by the extension per native run.
   * Note [Builds off the caller's path]: where the route names a stand-in, a layout's first
     build runs on one of two build threads (cuDNN's part in a build process where the route
     allows: Note [The build process]), and the stand-in serves the calls the route says (Note
     [A new layout's first calls], first_calls.py); a call whose route has none (deterministic,
-    a capture) waits for a build in flight. A failed background build is not retried there:
-    the next call builds in its own path and raises the error.
-  * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for builds in flight: a daemon
-    thread in a cuDNN build while Python finalizes can crash it (SIGSEGV, H200). Built graphs
-    live until evicted (or dropped at exit); a call running one holds a reference, and a
-    capture keeps what it needs (``_C.keep_alive_while_captured``).
-  * Thread safety: one lock guards every table; no build, description or user code runs under it.
+    a capture) waits for a build in flight. A plan it fetched stays in flight until the call that
+    takes it loads it (Note [A fetched plan is loaded by the call that takes it], build.py). A
+    failed background build is not retried there: the next call builds in its own path and raises.
+  * Exit: the exit hook waits (at most ``EXIT_WAIT_SECONDS``) for builds in flight (a daemon thread
+    in a cuDNN build while Python finalizes can crash it: SIGSEGV, H200). Built graphs live until
+    evicted or dropped at exit; a running call and a capture (``_C.keep_alive_while_captured``) hold theirs.
+  * Thread safety: one lock guards every table and the counts; no build, description or user code runs under it.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
+import contextlib
 import heapq
 import threading
 import time
@@ -41,7 +39,8 @@ import torch
 from .. import settings
 from .._extension import _C
 from ..native import capturing as _capturing, last_used_ns  # _capturing: a seam the CPU tests replace
-from .build import REFERENCE_SOURCE, BuiltGraph, build
+from .build import BuiltGraph, Fetched, build
+from .cache_counts import CacheCounts
 from .definition import Definition, Definitions, check_arity
 from .first_calls import FirstCalls
 from .pinned import PinnedGraphs
@@ -66,8 +65,6 @@ _MISS = object()  # _hit's answer for a key not built
 
 
 class GraphCache:
-    """See the module docstring."""
-
     def __init__(self, definitions: Definitions, pinned: Optional[PinnedGraphs] = None):
         self.definitions = definitions
         self.pinned = pinned if pinned is not None else PinnedGraphs()  # registered built graphs (pinned.py)
@@ -75,11 +72,7 @@ class GraphCache:
         self._entries: Dict[tuple, _Entry] = {}
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
         self._first_calls = FirstCalls()  # the build threads; the stand-in's calls per layout (first_calls.py)
-        self._counters = dict(hits=0, misses=0, builds=0, evictions=0, hand_overs=0, background_builds=0, stand_in_calls=0)
-        self._calls: "collections.Counter[str]" = collections.Counter()  # calls that reached Python, by route label (routes.py)
-        self._plan_sources: "collections.Counter[str]" = collections.Counter()  # graphs obtained per plan source (plans/)
-        self._plan_seconds = 0.0  # time spent obtaining them (BuiltGraph.build_seconds)
-        self._phase_seconds: "collections.Counter[str]" = collections.Counter()  # the same by phase (build_timing.py)
+        self._counts = CacheCounts()  # under the lock
 
     # -- lookups -------------------------------------------------------------------
 
@@ -99,10 +92,8 @@ class GraphCache:
             return self.pinned.for_call(definition, device, inputs)
         specs = tuple(TensorSpec.of(t) for t in inputs)
         check_arity(definition, len(specs))
-        if definition.ragged is not None:
-            # One build serves every token count: keyed without them. The key with them
-            # (above) is never stored, so every such call on this path checks its inputs.
-            specs = definition.call_specs(specs)
+        if definition.ragged is not None:  # one build serves every token count: keyed without them (the key
+            specs = definition.call_specs(specs)  # above is never stored, so every such call here checks its inputs)
             key = (graph_id, device, specs, deterministic)
         facts = Facts("cuda", deterministic, _capturing(device), stand_in=stand_in, with_cuda=_C.with_cuda,
                       background_failed=self._first_calls.failed_before(key))
@@ -126,12 +117,11 @@ class GraphCache:
     def _served(self, entry: "_Entry") -> Optional[BuiltGraph]:
         """A found entry's answer to a call (under the lock): its graph, or None while its stand-in serves."""
         entry.used_ns = time.monotonic_ns()
-        self._counters["hits"] += 1
+        self._counts.counters["hits"] += 1
         if not entry.stand_in_left or _capturing(entry.built.device):  # a captured call: the plan, never a stand-in
             return entry.built
         entry.stand_in_left -= 1
-        self._counters["stand_in_calls"] += 1
-        self._calls[entry.built.route.label] += 1
+        self._counts.stood_in(entry.built.route.label)
         return None
 
     def _build_once(self, key, definition: Definition, device: int, specs, call: bool, route: Route) -> Optional[BuiltGraph]:
@@ -140,7 +130,7 @@ class GraphCache:
             if entry is not None:
                 served = self._served(entry)
             else:
-                self._counters["misses"] += 1
+                self._counts.counters["misses"] += 1
                 future = self._in_flight.get(key)
                 owner = future is None
                 if owner:
@@ -152,7 +142,10 @@ class GraphCache:
         if entry is not None:  # built by an earlier call (a packed graph's, or one that raced this call's first look)
             return self._reused(served) if call and served is not None else served
         if not owner:  # a concurrent first call: the stand-in, or its build's result (or error), run as a first call
-            return self._stood_in(route) if stand_in else future.result()
+            if stand_in:
+                return self._stood_in(route)
+            result = future.result()
+            return self._taken(key, future, result) if isinstance(result, Fetched) else result
         if route.build_on == "refused":
             error = RuntimeError(
                 f"cudnn_fe.execute: graph {definition.name!r} has not been built for cuda:{device} and inputs "
@@ -170,61 +163,82 @@ class GraphCache:
     def _stood_in(self, route: Route, started_a_build: bool = False) -> None:
         """A call its route's stand-in serves while its plan builds: counted, and None for the caller."""
         with self._lock:
-            self._counters["background_builds"] += started_a_build
-            self._counters["stand_in_calls"] += 1
-            self._calls[route.label] += 1
+            self._counts.stood_in(route.label, started_a_build)
 
-    def _run_build(self, key, definition: Definition, device: int, specs, future, route: Route, background: bool = False) -> BuiltGraph:
+    def _run_build(self, key, definition: Definition, device: int, specs, future, route: Route, background: bool = False):
         try:
             if _C.with_cuda:
                 _C.release_dropped()  # what destroyed CUDA graphs kept alive, freed outside any capture
-            built = build(definition, device, specs, route)
+            built = build(definition, device, specs, route, fetch_only=background)
         except BaseException as error:
             self._fail(key, future, error, background)
             raise
-        with self._lock:
-            self._counters["builds"] += built.plan_source not in ("plan_store", REFERENCE_SOURCE)  # a load, or the interpreter's entry: no build
-            self._plan_sources[built.plan_source] += 1
-            self._plan_seconds += built.build_seconds
-            self._phase_seconds.update(built.phase_seconds or {})
-            self._entries[key] = _Entry(built, self._first_calls.left(key, route))
-            del self._in_flight[key]
-        self.evict_over_capacity()
+        if not isinstance(built, Fetched):  # a fetched plan stays in flight until a call takes it (_taken)
+            self._keep(key, future, built, route)
         future.set_result(built)
         return built
 
-    def _fail(self, key, future, error: BaseException, background: bool = False) -> None:
-        """A build that raised is not kept (a failed background build's key builds in the caller's path next)."""
+    def _taken(self, key, future, fetched: Fetched) -> BuiltGraph:
+        """A fetched plan, loaded on a call-build thread once for every taker (Note [A fetched plan is loaded by the call that takes it])."""
+        try:
+            built = self._first_calls.build_for_caller(fetched.load)
+        except BaseException as error:
+            self._fail(key, future, error)
+            raise
+        self._keep(key, future, built, fetched.route)
+        return built
+
+    def _keep(self, key, future, built: BuiltGraph, route: Route) -> None:
+        """``built`` becomes ``key``'s entry (once: ``future`` still the key's in flight), counted."""
         with self._lock:
+            if self._in_flight.get(key) is not future:
+                return
+            self._counts.kept(built)
+            self._entries[key] = _Entry(built, self._first_calls.left(key, route))
             del self._in_flight[key]
-            self._first_calls.forget(key, failed_off_path=background)
-        future.set_exception(error)
+        self.evict_over_capacity()
+
+    def _fail(self, key, future, error: BaseException, background: bool = False) -> None:
+        """A build (or a fetched plan's load) that raised is not kept: the next call builds again (in
+        its own path after a failed background build)."""
+        with self._lock:
+            if self._in_flight.get(key) is future:
+                del self._in_flight[key]
+                self._first_calls.forget(key, failed_off_path=background)
+        if not future.done():
+            future.set_exception(error)
 
     def _reused(self, built: BuiltGraph) -> BuiltGraph:
         """``built``, found built for a call: its binding may hand it over now (its second call)."""
         seconds = built.binding.on_reuse(built.device)
         if seconds is not None:
             with self._lock:
-                self._counters["hand_overs"] += 1
-                built.phase_seconds["native_hand_over"] = built.phase_seconds.get("native_hand_over", 0.0) + seconds
-                self._phase_seconds["native_hand_over"] += seconds
+                self._counts.counters["hand_overs"] += 1
+                self._counts.phase(built, "native_hand_over", seconds)
         return built
 
     def count_call(self, label: str) -> None:
         """A call the Python path or the CPU kernel served, on route ``label`` (the extension counts native ones)."""
         with self._lock:
-            self._calls[label] += 1
+            self._counts.calls[label] += 1
 
-    def wait_for_builds(self, timeout: float) -> int:
-        """Wait, at most ``timeout`` s, until no build is in flight (later ones too); how many still are (0: none)."""
+    def wait_for_builds(self, timeout: float, take: bool = True) -> int:
+        """Wait, at most ``timeout`` s, until no build is in flight (later ones too); how many still
+        are (0: none). ``take``: then load the plans they fetched here (Fetched), as a call would."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                pending = list(self._in_flight.values())
+                in_flight = list(self._in_flight.items())
+            pending = [future for _, future in in_flight if not future.done()]
             left = deadline - time.monotonic()
             if not pending or left <= 0:
-                return len(pending)
+                break
             concurrent.futures.wait(pending, timeout=left)
+        for key, future in in_flight if take and not pending else ():
+            with contextlib.suppress(Exception):  # a build's error, or a failed load: the key's next call builds and raises
+                if isinstance(future.result(), Fetched):
+                    self._taken(key, future, future.result())
+        return len(pending)
 
     def record_first_execution(self, built: BuiltGraph, seconds: float) -> None:
         """The op's first launch of ``built`` took ``seconds`` (``phase_seconds["first_execution"]``; the first record stands)."""
@@ -232,8 +246,7 @@ class GraphCache:
             return
         with self._lock:
             if "first_execution" not in built.phase_seconds:
-                built.phase_seconds["first_execution"] = seconds
-                self._phase_seconds["first_execution"] += seconds
+                self._counts.phase(built, "first_execution", seconds)
 
     # -- the LRU -------------------------------------------------------------------
 
@@ -244,12 +257,9 @@ class GraphCache:
             if len(self._entries) <= capacity:
                 return
             native_used = last_used_ns([entry.built.binding for entry in self._entries.values()])
-
-            def last_use(item):
-                _, entry = item
-                return max(entry.used_ns, native_used.get(entry.built.native_serial, 0))
-
-            keys = [key for key, _ in heapq.nsmallest(len(self._entries) - capacity, self._entries.items(), key=last_use)]  # one pass
+            oldest = heapq.nsmallest(len(self._entries) - capacity, self._entries.items(),  # one pass
+                                     key=lambda item: max(item[1].used_ns, native_used.get(item[1].built.native_serial, 0)))
+            keys = [key for key, _ in oldest]
         self._evict(keys)
 
     def evict_where(self, predicate) -> int:
@@ -265,9 +275,7 @@ class GraphCache:
         native_calls = _C.native_calls() if _C.with_cuda and keys else {}
         with self._lock:
             evicted = [entry.built for entry in (self._entries.pop(key, None) for key in keys) if entry is not None]
-            self._counters["evictions"] += len(evicted)
-            for built in evicted:
-                self._calls[built.route.label] += native_calls.get(built.native_serial, 0)
+            self._counts.evicted(evicted, native_calls)
         for built in evicted:
             built.binding.on_evict()
         return len(evicted)
@@ -286,13 +294,5 @@ class GraphCache:
     def stats(self) -> dict:
         native_calls = _C.native_calls() if _C.with_cuda else {}
         with self._lock:
-            bindings = [entry.built.binding for entry in self._entries.values()]
-            calls = collections.Counter(self._calls)
-            for entry in self._entries.values():  # an evicted plan's were added to _calls then
-                calls[entry.built.route.label] += native_calls.get(entry.built.native_serial, 0)
-            return dict(
-                self._counters, cached=len(bindings), native=sum(b.native for b in bindings), native_pending=sum(b.pending for b in bindings),
-                python_path=sum(not b.native for b in bindings), engines=dict(collections.Counter(e.built.engine for e in self._entries.values())),
-                capacity=settings.get("graph_cache_capacity"), definitions=len(self.definitions), plan_sources=dict(self._plan_sources),
-                routes=dict(calls), plan_seconds=self._plan_seconds, phase_seconds=dict(self._phase_seconds),
-            )
+            return self._counts.report([entry.built for entry in self._entries.values()], native_calls,
+                                       capacity=settings.get("graph_cache_capacity"), definitions=len(self.definitions))

@@ -164,7 +164,7 @@ def decide(definition, resolved: Resolved, facts: Facts) -> Route:
     if buckets == "length" and calls < 0:  # the timing-dependent route alone: a fixed count waits for its plan anyway
         take_over = TAKE_OVER_CALLS
         why.append(("exact plan", f"a length's {TAKE_OVER_CALLS}th bucketed call builds its exact plan, which then serves it"))
-    native, native_reason = _native(resolved, facts, calls > 0)
+    native, native_reason = _native(resolved, facts, bool(stand_in))
     why.append(("native path", native_reason))
     if resolved.verify:
         why.append(("verify", "the verify setting is on: the first launch is checked against the interpreter (it synchronizes)"))
@@ -202,13 +202,14 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
                              f"call {count + 1} waits for it (reproducible: the same calls whatever the build takes): {reason}")
 
 
-def _native(resolved: Resolved, facts: Facts, after_stand_in: bool) -> Tuple[str, str]:
+def _native(resolved: Resolved, facts: Facts, off_path: bool) -> Tuple[str, str]:
     if not facts.with_cuda:
         return "never", "never: this build of the extension has no CUDA"
     if not resolved.native_path:
         return "never", "never: the native_path setting is off"
-    if after_stand_in:  # never before the calls the stand-in serves: C++ would serve them
-        return "second_call", "a backend plan runs from C++ from the first call it serves on, after the stand-in's"
+    if off_path:  # never before the calls the stand-in serves (C++ would serve them), nor on the build thread
+        return "second_call", ("a backend plan runs from C++ from the first call it serves on, after the stand-in's (the calls "
+                               "register it: registering deserializes, never on the build thread: Note [A fetched plan is loaded by the call that takes it])")
     when = "at_build" if resolved.native_hand_over == "build" else "second_call"
     return when, (f"a backend plan runs from C++ from {'its build' if when == 'at_build' else 'its second call'} on "
                   f"(the native_hand_over setting is {resolved.native_hand_over!r}); a plan cuDNN's backend alone "

@@ -39,7 +39,7 @@ from ..routes import Route
 from ..specs import GraphLayout, TensorSpec, layout_lists
 from . import build_process, kernel_caches, store as plan_store, stored_graphs, tuning as plan_tuning
 
-__all__ = ["Obtained", "obtain", "engine_of", "DESERIALIZED_SOURCES"]
+__all__ = ["Obtained", "obtain", "load_fetched", "engine_of", "DESERIALIZED_SOURCES"]
 
 
 @dataclasses.dataclass
@@ -53,15 +53,24 @@ class Obtained:
     source_reason: str
     engine: Optional[str] = None  # what serves it (engine_of); a disk entry's recorded one (a deserialized graph cannot name it)
     serialized: Optional[bytes] = None  # graph.serialize(as_bytes=True), when the plan store read or wrote it
+    key: Optional[str] = None  # its plan store key (None: not stored)
+
+    @property
+    def fetched(self) -> bool:
+        """A serialized plan not deserialized yet (``obtain(fetch_only=True)``): ``graph`` is None."""
+        return self.graph is None and self.serialized is not None
 
 
 DESERIALIZED_SOURCES = ("plan_store", "build_process")  # a plan deserialized here: it writes what its description declares
 
 
-def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route: Route, clock: PhaseClock) -> Obtained:
+def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route: Route, clock: PhaseClock,
+           fetch_only: bool = False) -> Obtained:
     """The graph for ``specs``, loaded or built where ``route.plan_from`` says, in that order
     (Note [One route per call]); ``clock`` gets each phase's seconds (build_timing.py). Inputs
-    the description materializes (``layout.materialized``) are keyed and timed at their full shape."""
+    the description materializes (``layout.materialized``) are keyed and timed at their full shape.
+    ``fetch_only``: a plan from the store or a build process comes back checked and stored but
+    not deserialized (``Obtained.fetched``; Note [A fetched plan is loaded by the call that takes it])."""
     deterministic, tuned = route.deterministic, route.tuned
     call_specs = specs  # as the call gave them (a build process describes from these)
     dynamic = "kernel_cache" in route.plan_from
@@ -88,28 +97,37 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
         clock.lap("key")
 
     if key is not None:
-        loaded = stored_graphs.load_graph(key, definition.name, handle, uids)
-        clock.lap("load")
-        if loaded is not None:
-            loaded_graph, blob, metadata = loaded
-            choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
-            return Obtained(
-                loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), serialized=blob,
-            )
+        if fetch_only:
+            found = stored_graphs.fetch_blob(key, uids)
+            clock.lap("load")
+            if found is not None:
+                blob, metadata = found
+                choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
+                return Obtained(None, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key)
+        else:
+            loaded = stored_graphs.load_graph(key, definition.name, handle, uids)
+            clock.lap("load")
+            if loaded is not None:
+                loaded_graph, blob, metadata = loaded
+                choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
+                return Obtained(loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key)
 
     if "build_process" in route.plan_from and layout.all_declared():  # a helper builds what it can (build_process.offer)
         elsewhere = build_process.offer(graph, device, recipe=lambda: build_process.recipe_of(definition, call_specs))
         clock.lap("build_process")
         if elsewhere is not None:
             blob, engine = elsewhere
-            built, why = stored_graphs.graph_of_blob(blob, definition.name, handle, uids)
+            if fetch_only:
+                built, why = None, stored_graphs.check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
+            else:
+                built, why = stored_graphs.graph_of_blob(blob, definition.name, handle, uids)
             clock.lap("load")
-            if built is not None:
+            if built is not None or (fetch_only and why is None):
                 if key is not None:
                     stored_graphs.store_blob(key, blob, dict(plan=None, index=None, engine=engine, route="build_process"))
                     clock.lap("store")
                 choice = plan_tuning.PlanChoice(plan=None, index=None, source="heuristic", reason="tuning off")
-                return Obtained(built, outputs, layout, uids, choice, "build_process", "built by a build process", engine, serialized=blob)
+                return Obtained(built, outputs, layout, uids, choice, "build_process", "built by a build process", engine, blob, key)
             build_process.rejected(why)
 
     source, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
@@ -143,7 +161,19 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
         if serialized is not None:
             stored_graphs.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=source))  # "route": the field's name on disk
             clock.lap("store")
-    return Obtained(graph, outputs, layout, uids, choice, source, reason, engine, serialized=serialized)
+    return Obtained(graph, outputs, layout, uids, choice, source, reason, engine, serialized, key if serialized is not None else None)
+
+
+def load_fetched(obtained: Obtained, name: str, handle) -> Optional[Any]:
+    """The graph of a fetched plan (``Obtained.fetched``) deserialized on ``handle``; or None,
+    the plan rejected (warned, dropped from the store) so the caller builds it."""
+    graph, why = stored_graphs.deserialized(obtained.serialized, name, handle)
+    if graph is None:
+        if obtained.key is not None and plan_store.store() is not None:
+            plan_store.store().reject(obtained.key, why)
+        if obtained.source == "build_process":
+            build_process.rejected(why)
+    return graph
 
 
 def engine_of(graph) -> str:

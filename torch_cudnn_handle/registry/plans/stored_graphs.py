@@ -36,7 +36,7 @@ import torch
 from ...native.ubjson import decode_ubjson
 from . import store as plan_store
 
-__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "graph_of_blob", "serialized_plan", "store_blob"]
+__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "fetch_blob", "graph_of_blob", "deserialized", "serialized_plan", "store_blob"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -140,14 +140,27 @@ def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tup
     """``(graph, blob, metadata)``: the plan stored under ``key``, deserialized on
     ``handle`` (a built ``cudnn.pygraph``), with its serialized form, or None (not stored,
     or rejected with a warning)."""
+    fetched = fetch_blob(key, uids)
+    if fetched is None:
+        return None
+    blob, metadata = fetched
+    graph, why = deserialized(blob, name, handle)
+    if graph is not None:
+        return graph, blob, metadata
+    plan_store.store().reject(key, why)
+    return None
+
+
+def fetch_blob(key: str, uids: Sequence[int]) -> Optional[Tuple[bytes, dict]]:
+    """``(blob, metadata)`` stored under ``key`` and checked (``check_blob``), not yet
+    deserialized; or None (not stored, or rejected with a warning)."""
     store = plan_store.store()
     loaded = store.load(key) if store is not None else None
     if loaded is None:
         return None
-    blob, metadata = loaded
-    graph, why = graph_of_blob(blob, name, handle, uids)
-    if graph is not None:
-        return graph, blob, metadata
+    why = check_blob(loaded[0], uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
+    if why is None:
+        return loaded
     store.reject(key, why)
     return None
 
@@ -156,14 +169,19 @@ def graph_of_blob(blob: bytes, name: str, handle, uids: Sequence[int]) -> Tuple[
     """``(graph, "")``: a serialized backend plan of these operands, checked
     (``check_blob``) and deserialized on ``handle``; or ``(None, why not)``."""
     why = check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
-    if why is None:
-        try:
-            graph = cudnn.pygraph(name=name, handle=handle)
-            graph.deserialize(handle, blob)
-            return graph, ""
-        except Exception as error:  # noqa: BLE001 -- a plan cuDNN will not take back is rejected and rebuilt
-            why = f"cuDNN could not deserialize it ({type(error).__name__}: {error})"
-    return None, why
+    return (None, why) if why is not None else deserialized(blob, name, handle)
+
+
+def deserialized(blob: bytes, name: str, handle) -> Tuple[Optional[Any], str]:
+    """``(graph, "")``: a checked blob deserialized on ``handle``; or ``(None, why not)``.
+    cuDNN's deserialize captures a CUDA graph of its own (Note [A fetched plan is loaded by
+    the call that takes it], registry/build.py)."""
+    try:
+        graph = cudnn.pygraph(name=name, handle=handle)
+        graph.deserialize(handle, blob)
+        return graph, ""
+    except Exception as error:  # noqa: BLE001 -- a plan cuDNN will not take back is rejected and rebuilt
+        return None, f"cuDNN could not deserialize it ({type(error).__name__}: {error})"
 
 
 def serialized_plan(graph) -> Optional[bytes]:
