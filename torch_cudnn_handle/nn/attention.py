@@ -27,6 +27,7 @@ import cudnn
 from .. import trace_constants
 from ..op import execute
 from ..registry import Backward, BackwardOperand, register_graph
+from ..registry.first_calls import at_site, new_site
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .attention_buckets import _mask, _scale, bucketed_sdpa
 from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in
@@ -206,10 +207,11 @@ class Attention(nn.Module):
             raise ValueError(f"Attention: dim {dim} is not a multiple of heads {heads}")
         self.dim, self.heads, self.causal = dim, heads, causal
         self.q, self.k, self.v, self.out = (FusedLinear(dim, dim, activation=None, device=device, dtype=dtype) for _ in range(4))
+        self._site = new_site()  # its attention's site (Note [A new layout's first calls])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(projection(x), self.heads) for projection in (self.q, self.k, self.v))
-        return self.out(merge_heads(sdpa(q, k, v, self.causal)))
+        return self.out(merge_heads(at_site(self._site, sdpa, q, k, v, self.causal)))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"

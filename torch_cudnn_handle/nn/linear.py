@@ -37,6 +37,7 @@ from torch import nn
 
 from ..op import execute
 from ..registry import Backward, BackwardOperand, BackwardStep, OperandViews, register_graph
+from ..registry.first_calls import at_site, new_site
 from ._layout import declare, matrix_rows, matrix_rows_transposed, row_major
 
 __all__ = ["FusedLinear", "ACTIVATIONS", "LINEAR_GRAPHS", "BIAS_FREE_LINEAR_GRAPHS", "MATMUL", "MATMUL_DX", "MATMUL_DW", "RELU_BACKWARD",
@@ -253,6 +254,7 @@ class FusedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         self._graph = (LINEAR_GRAPHS if bias else BIAS_FREE_LINEAR_GRAPHS)[activation]
+        self._site = new_site()  # its calls' site: a new size's first calls are counted per module (Note [A new layout's first calls])
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -279,7 +281,7 @@ class FusedLinear(nn.Module):
         # Natural tensors in and out: the graph views them as [1, B*M, K] @ [1, K, N] + [1, 1, N]
         # (forward_views). A layout with no such view (a non-contiguous x) is made contiguous first.
         bias = [] if self.bias is None else [self.bias]
-        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, *bias])[0]
+        return at_site(self._site, execute, self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, *bias])[0]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation!r}"

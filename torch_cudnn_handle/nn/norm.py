@@ -32,6 +32,7 @@ from torch import nn
 
 from ..op import execute
 from ..registry import Backward, BackwardOperand, OperandViews, register_graph
+from ..registry.first_calls import at_site, new_site
 from ._layout import declare, row_major
 
 __all__ = ["RMSNorm", "LayerNorm", "rmsnorm_graph", "layernorm_graph"]
@@ -173,11 +174,12 @@ class RMSNorm(nn.Module):
         self.dim, self.eps = dim, float(eps)
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self._graph = rmsnorm_graph(self.eps)
+        self._site = new_site()  # its calls' site: a new size's first calls are counted per module (Note [A new layout's first calls])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Natural tensors in and out: the graph views them as its 4-D layout (_FORWARD_VIEWS).
         # A layout with no such view (a non-contiguous x) is made contiguous first.
-        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight])[0]
+        return at_site(self._site, execute, self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight])[0]
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps:g}"
@@ -194,9 +196,10 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
         self._graph = layernorm_graph(self.eps)
+        self._site = new_site()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return execute(self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
+        return at_site(self._site, execute, self._graph, [x if x.is_contiguous() else x.contiguous(), self.weight, self.bias])[0]
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps:g}"

@@ -5,19 +5,24 @@ Note [A new layout's first calls]: a layout's first call builds its plan, which 
 torch attention), the plan builds off the caller's path instead, and the stand-in serves:
 
   * ``stand_in_calls=N`` (the setting, or ``register_graph(stand_in_calls=N)``): exactly the
-    layout's first N calls, whether its plan is built by then or not; call N+1 gets the plan,
-    and waits for its build when it is not done. Which implementation serves a call depends on
-    the sequence of calls alone, never on how long a build took: two runs of one program give
-    the same results. The plan goes native from the first call it serves (before that, C++
-    would serve the stand-in's calls). A capture's call gets the plan (waiting for it), never
-    a stand-in.
+    layout's first N calls at each call site, whether its plan is built by then or not; the
+    site's call N+1 gets the plan, and waits for its build when it is not done. A call site is
+    an nn module (``at_site``): its forward's calls, and its backward's, which find the site
+    on the forward's autograd node; a call from no module is counted per layout. So a layer
+    repeated in a model (or q, k, v and o projections of one shape) runs the first N steps at
+    a new size on torch's ops, rather than waiting for the build at the third layer of the
+    first step. Which implementation serves a call depends on the sequence of calls alone,
+    never on how long a build took: two runs of one program give the same results. The plan
+    goes native from the second call it serves, after which C++ serves every site. A capture's
+    call gets the plan (waiting for it), never a stand-in.
   * ``background_builds`` (the serving mode): until the plan is ready, so which calls the
     stand-in serves depends on the build's time; for serving, where latency matters more than
     run-to-run equality.
 
 Neither under deterministic algorithms: the call builds and waits, one implementation per run.
 A build that fails off the caller's path is raised by the next call, which builds in its own.
-The graph cache keeps the counts under its lock; a built entry keeps what is left (``left``).
+The counts live here, per layout and site, guarded by the graph cache's lock, until the layout
+is evicted or its build fails.
 
 Note [A call's build on a thread of its own]: a build in the call (no stand-in) runs on a
 call-build thread while the call waits (``build_for_caller``), because the frontend's
@@ -34,15 +39,51 @@ stays on the caller's thread (it times plans on the caller's stream).
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 from typing import Dict, Optional
+
+import torch
 
 from .._extension import _C
 from .plans import build_process
 
-__all__ = ["FirstCalls", "CALL_BUILD_THREADS"]
+__all__ = ["FirstCalls", "CALL_BUILD_THREADS", "new_site", "at_site", "call_site"]
 
 CALL_BUILD_THREADS = 4  # builds in calls at once (each caller waits on its own); more callers queue
+_SITE_KEY = "torch_cudnn_handle.call_site"  # an autograd node's metadata: the site its forward ran at
+_sites = threading.local()  # .site: the call site of this thread's calls now; .asked: whether a first call read it
+new_site = itertools.count(1).__next__  # a module's call site, one per instance, for the process
+
+
+def at_site(site: int, fn, *args):
+    """``fn(*args)`` (an nn module's op call) with ``site`` as its calls' site (Note [A new
+    layout's first calls]). Where a first call read it, the first output's autograd node keeps
+    it, so its backward's calls count at the same site. Traced: ``fn(*args)`` alone."""
+    if torch.compiler.is_compiling():
+        return fn(*args)
+    previous = getattr(_sites, "site", None)
+    _sites.site, _sites.asked = site, False
+    try:
+        result = fn(*args)
+    finally:
+        _sites.site = previous
+    if _sites.asked:
+        first = result[0] if isinstance(result, (list, tuple)) else result
+        if isinstance(first, torch.Tensor) and first.grad_fn is not None:
+            first.grad_fn.metadata[_SITE_KEY] = site
+    return result
+
+
+def call_site():
+    """This call's site: the module's (``at_site``), the site of the forward whose backward
+    runs now, or None (the layout's own count)."""
+    _sites.asked = True
+    site = getattr(_sites, "site", None)
+    if site is None:
+        node = torch._C._current_autograd_node()
+        site = None if node is None else node.metadata.get(_SITE_KEY)
+    return site
 
 
 def _relaxed_build_thread() -> None:
@@ -54,12 +95,12 @@ def _relaxed_build_thread() -> None:
 
 class FirstCalls:
     """The build threads, made on first use, one per build process (each waits on one; the
-    exit hook waits for their builds); the calls the stand-in served per layout building for
-    a fixed count; the layouts whose background build failed. The counts are guarded by the
-    graph cache's lock, held around every call but ``submit``."""
+    exit hook waits for their builds); the calls the stand-in served per layout and site, for a
+    fixed count; the layouts whose background build failed. The counts are guarded by the
+    graph cache's lock, held around every call but ``submit`` and the executors'."""
 
     def __init__(self):
-        self._served: Dict[tuple, int] = {}
+        self._served: Dict[tuple, Dict[Optional[int], int]] = {}  # layout -> site -> calls the stand-in served
         self._failed: set = set()  # keys whose background build failed: built in the caller's path
         self._lock = threading.Lock()  # the executors', each made once
         self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -86,27 +127,25 @@ class FirstCalls:
         return key in self._failed
 
     def first(self, key, route) -> None:
-        """``key``'s plan starts building off the caller's path; this call is the stand-in's first."""
+        """``key``'s plan starts building off the caller's path; this call is the stand-in's first at its site."""
         if route.stand_in_calls > 0:
-            self._served[key] = 1
+            self._served[key] = {call_site(): 1}
 
-    def stands_in(self, key, route, future) -> bool:
-        """Whether the stand-in serves this call of a layout still building (counted)."""
-        if route.stand_in_calls < 0:
-            return not future.done()
-        served = self._served.get(key)
-        if served is None or served >= route.stand_in_calls:
+    def stands_in(self, key, route, future=None) -> bool:
+        """Whether the stand-in serves this call of ``key``, still building (``future``) or built
+        (None); counted at its site."""
+        if route.stand_in_calls <= 0:
+            return route.stand_in_calls < 0 and future is not None and not future.done()
+        sites = self._served.setdefault(key, {})
+        site = call_site()
+        served = sites.get(site, 0)
+        if served >= route.stand_in_calls:
             return False
-        self._served[key] = served + 1
+        sites[site] = served + 1
         return True
 
-    def left(self, key, route) -> int:
-        """The calls the stand-in still serves once ``key`` is built (those of the count it has not served)."""
-        served = self._served.pop(key, 0)
-        return max(0, route.stand_in_calls - served) if route.stand_in_calls > 0 else 0
-
-    def forget(self, key, failed_off_path: bool) -> None:
-        """``key``'s build failed (off the caller's path: its next call builds in its own path)."""
+    def forget(self, key, failed_off_path: bool = False) -> None:
+        """``key``'s counts go: its build failed (off the caller's path: its next call builds in its own path) or it was evicted."""
         self._served.pop(key, None)
         if failed_off_path:
             self._failed.add(key)

@@ -54,11 +54,10 @@ EXIT_WAIT_SECONDS = 30.0  # the longest the exit hook waits for builds in flight
 
 
 class _Entry:
-    __slots__ = ("built", "used_ns", "stand_in_left")
+    __slots__ = ("built", "used_ns")
 
-    def __init__(self, built: BuiltGraph, stand_in_left: int = 0):
-        # stand_in_left: calls its route's stand-in still serves (Note [A new layout's first calls])
-        self.built, self.used_ns, self.stand_in_left = built, time.monotonic_ns(), stand_in_left
+    def __init__(self, built: BuiltGraph):
+        self.built, self.used_ns = built, time.monotonic_ns()
 
 
 _MISS = object()  # _hit's answer for a key not built
@@ -112,23 +111,23 @@ class GraphCache:
         """The built graph of ``key``, None for a call its stand-in still serves, or _MISS."""
         with self._lock:
             entry = self._entries.get(key)
-            return _MISS if entry is None else self._served(entry)
+            return _MISS if entry is None else self._served(key, entry)
 
-    def _served(self, entry: "_Entry") -> Optional[BuiltGraph]:
-        """A found entry's answer to a call (under the lock): its graph, or None while its stand-in serves."""
+    def _served(self, key, entry: "_Entry") -> Optional[BuiltGraph]:
+        """A found entry's answer to a call (under the lock): its graph, or None while its stand-in serves this call's site."""
         entry.used_ns = time.monotonic_ns()
         self._counts.counters["hits"] += 1
-        if not entry.stand_in_left or _capturing(entry.built.device):  # a captured call: the plan, never a stand-in
-            return entry.built
-        entry.stand_in_left -= 1
-        self._counts.stood_in(entry.built.route.label)
+        route = entry.built.route
+        if route.stand_in_calls <= 0 or _capturing(entry.built.device) or not self._first_calls.stands_in(key, route):
+            return entry.built  # a captured call: the plan, never a stand-in
+        self._counts.stood_in(route.label)
         return None
 
     def _build_once(self, key, definition: Definition, device: int, specs, call: bool, route: Route) -> Optional[BuiltGraph]:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
-                served = self._served(entry)
+                served = self._served(key, entry)
             else:
                 self._counts.counters["misses"] += 1
                 future = self._in_flight.get(key)
@@ -174,7 +173,7 @@ class GraphCache:
             self._fail(key, future, error, background)
             raise
         if not isinstance(built, Fetched):  # a fetched plan stays in flight until a call takes it (_taken)
-            self._keep(key, future, built, route)
+            self._keep(key, future, built)
         future.set_result(built)
         return built
 
@@ -185,16 +184,16 @@ class GraphCache:
         except BaseException as error:
             self._fail(key, future, error)
             raise
-        self._keep(key, future, built, fetched.route)
+        self._keep(key, future, built)
         return built
 
-    def _keep(self, key, future, built: BuiltGraph, route: Route) -> None:
+    def _keep(self, key, future, built: BuiltGraph) -> None:
         """``built`` becomes ``key``'s entry (once: ``future`` still the key's in flight), counted."""
         with self._lock:
             if self._in_flight.get(key) is not future:
                 return
             self._counts.kept(built)
-            self._entries[key] = _Entry(built, self._first_calls.left(key, route))
+            self._entries[key] = _Entry(built)
             del self._in_flight[key]
         self.evict_over_capacity()
 
@@ -275,6 +274,8 @@ class GraphCache:
         native_calls = _C.native_calls() if _C.with_cuda and keys else {}
         with self._lock:
             evicted = [entry.built for entry in (self._entries.pop(key, None) for key in keys) if entry is not None]
+            for key in keys:  # a layout built again starts its counts again
+                self._first_calls.forget(key)
             self._counts.evicted(evicted, native_calls)
         for built in evicted:
             built.binding.on_evict()
