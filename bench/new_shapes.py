@@ -267,6 +267,7 @@ def block_process(report_path: str) -> None:
     optimizer.step()
     torch.cuda.synchronize()
     first_step = time.perf_counter() - _STARTED
+    tch.registry.wait_for_builds(300)  # plans built or loaded off the first step's path (its stand-ins served it) count too
     stats = tch.stats.graphs()
     store = tch.stats.plan_store()
     obtain = sum(stats["phase_seconds"].get(p, 0.0) for p in OBTAIN_PHASES)

@@ -268,8 +268,8 @@ def test_the_fingerprint_follows_the_description_and_is_stable():
     assert description_fingerprint(describe(128, 0.25)) not in same  # another pass-by-value scalar
 
 
-def test_a_graph_with_packed_operands_has_no_key(monkeypatch):
-    """Length buckets' ragged plans are not stored (stored_graphs.key_of: a second process rejected them on the H200)."""
+def test_a_graph_with_packed_operands_is_keyed_without_its_token_count(monkeypatch):
+    """A length bucket's ragged plan serves every token count of its bucket, so its key names the bucket only."""
     from support.interpreter import describe_registered
     from torch_cudnn_handle import registry
     from torch_cudnn_handle.nn.attention_buckets import lengths_and_offsets, ragged_sdpa_inference
@@ -280,11 +280,19 @@ def test_a_graph_with_packed_operands_has_no_key(monkeypatch):
     monkeypatch.setattr(stored_graphs.cudnn, "backend_version", lambda: 91900)  # nor a libcudnn to ask
     packed = {0: Ragged(5, 256), 1: Ragged(6, 256), 2: Ragged(6, 256)}
     ragged_id = register_graph(ragged_sdpa_inference, name="store_ragged", params=dict(causal=True), ragged=packed)
-    dense_id = register_graph(lambda g, x: g.relu(x), name="store_dense")
-    q = torch.randn(2 * 100, 4, 64, dtype=torch.bfloat16)
-    calls = {ragged_id: [q, q, q, *lengths_and_offsets(2, 100, 4, 64, torch.device("cpu"), False)], dense_id: [q]}
-    keys = {}
-    for graph_id, inputs in calls.items():
-        graph, *_ = describe_registered(graph_id, inputs)
-        keys[graph_id] = stored_graphs.key_of(registry.definition(graph_id), 0, graph, [], False, False, False)
-    assert keys[dense_id] is not None and keys[ragged_id] is None
+    definition = registry.definition(ragged_id)
+    keys = []
+    for length in (100, 150):
+        q = torch.randn(2 * length, 4, 64, dtype=torch.bfloat16)
+        inputs = [q, q, q, *lengths_and_offsets(2, length, 4, 64, torch.device("cpu"), False)]
+        graph, *_ = describe_registered(ragged_id, inputs)
+        keys.append(stored_graphs.key_of(definition, 0, graph, [], False, False, False))
+    assert keys[0] is not None and keys[0] == keys[1]
+
+
+def test_a_ragged_offset_a_tensor_of_the_plan_names_is_one_of_its_operands():
+    plan = {"operationGraph": {"tensors": [{"name": "1", "dim": [512, 4, 64], "raggedOffset": {"name": "3", "dim": [3, 1, 1]}},
+                                           {"name": "2", "dim": [512, 4, 64]}]}}
+    blob = serialized(cudnn_backend_data=json.dumps(plan), variant_pack_uids=[1, 2, 3])
+    assert check_blob(blob, (1, 2, 3), backend_version=91900, frontend_version="1.32.0") is None
+    assert "operand 4 is not" in check_blob(serialized(variant_pack_uids=[1, 2, 4]), (1, 2, 4), backend_version=91900, frontend_version="1.32.0")

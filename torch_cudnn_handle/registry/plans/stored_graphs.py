@@ -18,9 +18,9 @@ nor stored, only built).
 A loaded blob is not trusted because its file was whole: before a graph is made of it,
 its cuDNN and frontend versions must be the running ones, and every operand uid of the
 op must be in its variant pack and among its backend plan's tensors (their dims and
-strides are the key's). Any mismatch, or a deserialize that fails, rejects the entry (a
-warning, the file removed) and the caller builds. Graphs with packed (ragged) operands
-have no key (``key_of``).
+strides are the key's; a ragged offset counts where a tensor of the plan names it). Any
+mismatch, or a deserialize that fails, rejects the entry (a warning, the file removed) and
+the caller builds.
 """
 
 from __future__ import annotations
@@ -71,12 +71,9 @@ def device_identity(device: int) -> str:
 
 def key_of(definition, device: int, graph, layout: Sequence[Tuple], deterministic: bool, dynamic_shapes: bool, tuned: bool) -> Optional[str]:
     """The store key of ``graph`` (a description of ``definition``) for ``device``, or
-    None (then it is neither loaded nor stored) when it cannot be named reliably or has
-    packed operands: on the H200 (cuDNN 9.19) a second process rejected both stored plans
-    of a length bucket's ragged sdpa (forward and backward), so storing them only cost a
-    write, a warning and a rebuild in every later process."""
-    if definition.ragged is not None:
-        return None
+    None (then it is neither loaded nor stored) when it cannot be named reliably. A graph
+    with packed (ragged) operands is keyed without its token counts, as its build is (one plan
+    serves every count)."""
     try:
         fingerprint, params = description_fingerprint(graph), repr(sorted(definition.params.items()))
         if fingerprint.endswith("-unstable") or _ADDRESS.search(params):
@@ -110,16 +107,33 @@ def check_blob(blob: bytes, uids: Sequence[int], *, backend_version: int, fronte
         return f"its variant pack {sorted(pack)} lacks operands {sorted(set(uids) - pack)}"
     try:
         plan = json.loads(document.get("cudnn_backend_data") or "{}")
-        tensors = {str(t.get("name")): t for t in plan.get("operationGraph", {}).get("tensors", []) if isinstance(t, dict)}
+        tensors = _tensor_names(plan.get("operationGraph", {}), set())
     except (ValueError, AttributeError) as error:
         return f"its backend plan is not readable JSON ({error})"
-    # Each operand must be one of the plan's tensors. Their dims and strides are not
-    # compared: the backend's JSON holds its own view of some (sdpa's K as K^T, measured
-    # on the H200), and the store's key already pins every operand's layout.
+    # Each operand must be one of the plan's tensors, or named by one (a ragged offset: a
+    # bucket's, measured on an H100, is no tensor of the graph's own but its packed tensors'
+    # attribute). Their dims and strides are not compared: the backend's JSON holds its own
+    # view of some (sdpa's K as K^T, measured on the H200), and the store's key already pins
+    # every operand's layout.
     for uid in uids:
         if str(uid) not in tensors:
             return f"operand {uid} is not in its backend plan"
     return None
+
+
+def _tensor_names(value, names: set) -> set:
+    """Every tensor name in a backend plan's operation graph (JSON), nested ones too, and every
+    value a tensor names by uid or as its ragged offset."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "name" or "uid" in key.lower() or "ragged" in key.lower():
+                if isinstance(item, (int, str)):
+                    names.add(str(item))
+            _tensor_names(item, names)
+    elif isinstance(value, list):
+        for item in value:
+            _tensor_names(item, names)
+    return names
 
 
 def _version_forms(version) -> set:
