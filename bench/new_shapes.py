@@ -12,7 +12,7 @@ calls run torch's ops while its plans build: Note [A new layout's first calls]).
 
 1. ``sdpa``: causal SDPA fwd+bwd, bf16, B=2 H=8 D=64, q/k/v token-major (as Attention's
    projections give them), lengths from [64, 4096]: ``nn.sdpa``; with ``attention_buckets``
-   (Note [Length buckets]; with ``--sdpa-off-path`` also ``background_builds``: Note
+   (Note [Length buckets]; with ``--sdpa-off-path`` also ``serving_mode``: Note
    [Attention off the caller's path]); the dense graph built per length (the static route; the
    kernel-cache route where cuDNN accepts dynamic shapes); torch flash; torch's cuDNN backend.
 2. ``linear``: ``FusedLinear(1024, 1024, "gelu")`` forward, and forward + backward, at
@@ -154,7 +154,7 @@ def sdpa_candidates(off_path: bool) -> dict:
                     with tch.settings.override(attention_buckets=True):
                         o = sdpa(q, k, v, True)
                 elif name == "library off path":  # Note [Attention off the caller's path]
-                    with tch.settings.override(attention_buckets=True, background_builds=True):
+                    with tch.settings.override(attention_buckets=True, serving_mode=True):
                         o = sdpa(q, k, v, True)
                 elif name.startswith("library"):
                     o = tch.execute(graphs[name.split()[-1]], [q, k, v])[0]
@@ -190,7 +190,7 @@ def linear_candidates(backward: bool, buckets: bool = False) -> dict:
                                         params=dict(activation="gelu"), dynamic_shapes=route == "kernel_cache") for route in routes}
     if buckets:  # the raw op's route: token buckets (Note [Size buckets]), built off the caller's path
         graphs["buckets"] = tch.register_graph(linear_forward, name="bench_new_shapes_linear_buckets", params=dict(activation="gelu"),
-                                               buckets=tch.Buckets({0: 1}, {0: 1, 1: 1}), background_builds=True)
+                                               buckets=tch.Buckets({0: 1}, {0: 1, 1: 1}), serving_mode=True)
     weight_kn, bias_row = module.weight.detach().t().unsqueeze(0), module.bias.detach().view(1, 1, -1)
 
     def maker(name):

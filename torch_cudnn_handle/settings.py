@@ -4,15 +4,14 @@
 table is checked against it). A value comes from, first to last: ``set(name, value)`` (or
 its named setter below), the environment variable (read at each use, so a launcher or a
 test may change it), the default; a per-graph option of ``register_graph`` (``tune=``,
-``dynamic_shapes=``, ``reference=``, ``background_builds=``) wins over all three
+``dynamic_shapes=``, ``reference=``, ``serving_mode=``) wins over all three
 (``resolve``). Setters return the previous value.
 
-Variables are parsed strictly (a boolean takes ``0/1/true/false/on/off`` in any case; an
-empty value is unset): anything else is a ``SettingError`` (a ValueError naming the
-variable, the value and what it takes) at its first read, for every setting, never at
-import (an import reads no variable). ``check_all`` reads them all (the main job does,
+Variables are parsed strictly (a boolean takes ``0/1/true/false/on/off`` in any case; an empty
+value is unset): anything else is a ``SettingError`` (naming the variable, the value and what it
+takes) at its first read, never at import. ``check_all`` reads them all (the main job does,
 first). An unusable directory is one warning, and its feature is off. Old spellings
-(``old_variables``) still work for a release, with a DeprecationWarning.
+(``old_variables``, ``set_background_builds``) work for a release, with a DeprecationWarning.
 
 Thread safety: ``set`` is atomic; a reader sees the old value or the new one. Build-time
 variables (``TORCH_CUDNN_HANDLE_DEBUG``, ``MAX_JOBS``, ``CUDNN_INCLUDE_DIR``) are setup.py's.
@@ -29,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 __all__ = [
     "SETTINGS", "Setting", "SettingError", "check_all", "get", "set", "reset", "override", "resolve", "watch", "usable_directory", "set_native_path",
     "set_native_hand_over", "set_native_cuda_graphs", "set_dynamic_shapes", "set_plan_store", "set_plan_store_dir", "set_plan_tuning", "set_tuning_file",
-    "set_graph_cache_capacity", "set_stand_in_calls", "set_background_builds", "set_build_process", "set_attention_buckets", "set_verify", "set_reference_path",
+    "set_graph_cache_capacity", "set_stand_in_calls", "set_serving_mode", "set_build_process", "set_attention_buckets", "set_verify", "set_reference_path",
 ]
 
 _TRUE, _FALSE = ("1", "true", "on"), ("0", "false", "off")
@@ -79,8 +78,9 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("graph_cache_capacity", "TORCH_CUDNN_HANDLE_GRAPH_CACHE_CAPACITY", "int", 1024, "built graphs kept in memory; the least recently used is evicted first"),
     Setting("stand_in_calls", "TORCH_CUDNN_HANDLE_STAND_IN_CALLS", "count", 2,
             "a new layout's first N calls run in torch's ops (nn modules) while its plan builds off the caller's path; call N+1 waits for it"),
-    Setting("background_builds", "TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS", "bool", False,
-            "serving mode: torch ops serve a new layout until its plan, built on a background thread, is ready (which calls: the build's timing)"),
+    Setting("serving_mode", "TORCH_CUDNN_HANDLE_SERVING_MODE", "bool", False,
+            "timing-dependent: torch ops serve a new layout until its plan, built off the caller's path, is ready (which calls they serve depends on the build's time)",
+            old_variables=("TORCH_CUDNN_HANDLE_BACKGROUND_BUILDS",)),
     Setting("build_process", "TORCH_CUDNN_HANDLE_BUILD_PROCESS", "bool", True,
             "background builds run cuDNN's build in a helper process, so this process's Python does not wait on it (Note [The build process])"),
     Setting("attention_buckets", "TORCH_CUDNN_HANDLE_ATTENTION_BUCKETS", "bool", False,
@@ -98,10 +98,10 @@ _warned: set = set()  # (variable or setting, value) already warned about
 
 
 def _setting(name: str) -> Setting:
-    setting = _BY_NAME.get(name)
-    if setting is None:
-        raise KeyError(f"torch_cudnn_handle.settings: no setting {name!r}; the settings are {', '.join(_BY_NAME)}")
-    return setting
+    if name not in _BY_NAME:  # an earlier release's name is said so
+        renamed = " (renamed 'serving_mode': its route depends on build timing)" if name == "background_builds" else ""
+        raise KeyError(f"torch_cudnn_handle.settings: no setting {name!r}{renamed}; the settings are {', '.join(_BY_NAME)}")
+    return _BY_NAME[name]
 
 
 def _parse(setting: Setting, text: str, where: str) -> Any:
@@ -243,12 +243,8 @@ def usable_directory(name: str) -> Optional[str]:
         problem = f"it cannot be created ({error.strerror or error})"
     if problem is None:
         return directory
-    _warn_once(
-        (name, directory),
-        f"torch_cudnn_handle: the {setting.name} directory {directory!r} is unusable: {problem}; {setting.meaning} is off "
-        f"until {setting.variable} (or settings.set({setting.name!r}, ...)) names a writable one",
-        RuntimeWarning,
-    )
+    _warn_once((name, directory), f"torch_cudnn_handle: the {setting.name} directory {directory!r} is unusable: {problem}; "
+               f"{setting.meaning} is off until {setting.variable} (or settings.set({setting.name!r}, ...)) names a writable one", RuntimeWarning)
     return None
 
 
@@ -282,18 +278,22 @@ set_plan_tuning = _setter("plan_tuning", "Tune graphs built from now on (tune=Fa
 set_tuning_file = _setter("tuning_file", "The JSON file tuned choices persist in")
 set_graph_cache_capacity = _setter("graph_cache_capacity", "How many built graphs are kept (least recently used evicted first)")
 set_stand_in_calls = _setter("stand_in_calls", "A new layout's first N calls on a stand-in while its plan builds; call N+1 waits (0: build in the call)")
-set_background_builds = _setter("background_builds", "Serving mode: a stand-in serves a new layout until its plan, built off the caller's path, is ready")
+set_serving_mode = _setter("serving_mode", "Serving mode (timing-dependent): a stand-in serves a new layout until its plan, built off the caller's path, is ready")
 set_build_process = _setter("build_process", "Run background builds of backend-only graphs in a helper process")
 set_attention_buckets = _setter("attention_buckets", "Serve nn.sdpa's new lengths from one plan per length bucket")
 set_verify = _setter("verify", "Check each plan's first run at each layout against the torch interpreter")
 set_reference_path = _setter("reference_path", "Run every CUDA call through the torch interpreter instead of cuDNN (graphs built are dropped)")
 
 
+def __getattr__(name: str):
+    if name != "set_background_builds":  # an earlier release's name of the serving mode's setter
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("settings.set_background_builds is deprecated; call settings.set_serving_mode", DeprecationWarning, stacklevel=2)
+    return set_serving_mode
+
+
 def frontend_dumps_tensors() -> bool:
     """Whether the frontend logs a plan's ``tensors_to_dump`` per execute: levels 1-9 of its
     own ``CUDNN_FRONTEND_LOG_INFO`` (atoi: not a number is 0). The frontend's variable, read here."""
-    try:
-        level = int(os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0"))
-    except ValueError:
-        return False
-    return 1 <= level < 10
+    level = os.environ.get("CUDNN_FRONTEND_LOG_INFO", "0").strip()
+    return level.isdigit() and 1 <= int(level) < 10

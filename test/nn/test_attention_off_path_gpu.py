@@ -1,5 +1,5 @@
 """Attention off the caller's path on a GPU (Note [Attention off the caller's path]): with
-``attention_buckets`` and ``background_builds`` on, a new length's first call is torch's
+``attention_buckets`` and ``serving_mode`` on, a new length's first call is torch's
 own attention while its bucket's plan builds on a build thread, later calls are the bucket's plan, and once a length has been
 called TAKE_OVER_CALLS times its exact plan takes over: each stage bitwise what that route
 gives on its own, right against torch in float32. Deterministic calls never switch."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def off_path(fresh_settings):
     fresh_settings.set_attention_buckets(True)
-    fresh_settings.set_background_builds(True)
+    fresh_settings.set_serving_mode(True)
     fresh_settings.set_build_process(True)
     yield fresh_settings
     assert tch.registry.wait_for_builds(120) == 0
@@ -50,7 +50,7 @@ def test_torch_serves_a_new_length_then_its_bucket_then_its_exact_plan(off_path)
     _forward_backward(q, k, v, d_o, True)  # the bucket's forward; its backward builds meanwhile (the interpreter stands in)
     assert tch.registry.wait_for_builds(120) == 0
     bucketed = _forward_backward(q, k, v, d_o, True)
-    with tch.settings.override(background_builds=False):
+    with tch.settings.override(serving_mode=False):
         alone = _forward_backward(q, k, v, d_o, True)
     for got, want in zip(bucketed, alone):
         assert torch.equal(got, want)  # the bucket's plan, as buckets alone give it
@@ -64,7 +64,7 @@ def test_torch_serves_a_new_length_then_its_bucket_then_its_exact_plan(off_path)
     _forward_backward(q, k, v, d_o, True)  # the exact plan's first call; its backward builds meanwhile
     assert tch.registry.wait_for_builds(120) == 0
     exact = _forward_backward(q, k, v, d_o, True)
-    with tch.settings.override(attention_buckets=False, background_builds=False):
+    with tch.settings.override(attention_buckets=False, serving_mode=False):
         dense = _forward_backward(q, k, v, d_o, True)
     for got, want in zip(exact, dense):
         assert torch.equal(got, want)  # the length's exact plan serves it now
@@ -100,9 +100,9 @@ def test_inference_calls_take_the_same_routes(off_path):
             sdpa(q, k, v, True)
         assert tch.registry.wait_for_builds(120) == 0
         exact = sdpa(q, k, v, True)
-        with tch.settings.override(attention_buckets=False, background_builds=False):
+        with tch.settings.override(attention_buckets=False, serving_mode=False):
             assert torch.equal(exact, sdpa(q, k, v, True))
-        with tch.settings.override(background_builds=False):
+        with tch.settings.override(serving_mode=False):
             assert torch.equal(bucketed, sdpa(q, k, v, True))
     truth = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     for route, got in (("bucket", bucketed), ("exact plan", exact)):

@@ -231,7 +231,7 @@ def test_modules_serve_many_threads():
     block = TransformerBlock(128, 2, device="cuda", dtype=torch.bfloat16).eval()
     requests = [torch.randn(1, 64, 128, device="cuda", dtype=torch.bfloat16) for _ in range(32)]
     with torch.no_grad():
-        block(requests[0])  # built (waited for under background_builds): the plans, not a stand-in, are compared
+        block(requests[0])  # built (waited for under serving_mode): the plans, not a stand-in, are compared
         assert tch.registry.wait_for_builds(120) == 0
         expected = [block(x) for x in requests]
     torch.cuda.synchronize()

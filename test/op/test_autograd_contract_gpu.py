@@ -49,7 +49,7 @@ def test_fused_linear_keeps_what_torch_keeps():
     x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     for activation, act in (("relu", F.relu), ("gelu", F.gelu)):
         linear = FusedLinear(1024, 4096, activation=activation, device="cuda", dtype=torch.bfloat16)
-        built_for(linear, x)  # built (waited for under background_builds): the plans are measured
+        built_for(linear, x)  # built (waited for under serving_mode): the plans are measured
         library = held_after_forward(linear, x)
         torch_held = held_after_forward(lambda t: act(F.linear(t, linear.weight, linear.bias)), x)
         print(f"FusedLinear {activation} 4096x1024->4096: library {library / 2**20:.1f} MiB, torch {torch_held / 2**20:.1f} MiB")

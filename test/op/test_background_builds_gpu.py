@@ -1,5 +1,5 @@
 """Builds off the caller's path through the op, on a GPU (Note [Builds off the caller's
-path]): with the background_builds setting, a new layout's first call is served by the
+path]): with the serving_mode setting, a new layout's first call is served by the
 interpreter on the GPU (right against torch, counted as a stand-in call) while the plan
 builds; once built, calls run on cuDNN (natively), within the engine's numerics of the
 stand-in's; a backward at a new layout is served the same way; deterministic calls wait."""
@@ -20,7 +20,7 @@ def _wait_for_builds():
 
 @pytest.fixture
 def background(fresh_settings):
-    fresh_settings.set_background_builds(True)
+    fresh_settings.set_serving_mode(True)
     yield fresh_settings
 
 

@@ -22,7 +22,7 @@ KEY = ((2, 3, 4),)
 def cache(monkeypatch):
     """A GraphCache whose builds sleep ``cache.build_seconds`` and fail while ``cache.failures`` > 0 (support/timed_builds.py)."""
     made = timed_cache(monkeypatch, 0.2)
-    with settings.override(background_builds=True):  # the cache reads it on a miss
+    with settings.override(serving_mode=True):  # the cache reads it on a miss
         yield made
 
 

@@ -125,7 +125,7 @@ def test_threads_get_their_own_sizes_right():
 
 
 def test_the_interpreter_stands_in_while_a_bucket_builds():
-    graph = tch.register_graph(linear_relu, name="bucketed_linear_relu_background", buckets=ROWS, background_builds=True)
+    graph = tch.register_graph(linear_relu, name="bucketed_linear_relu_background", buckets=ROWS, serving_mode=True)
     x, w, b = inputs(600)
     before = tch.stats.graphs()["stand_in_calls"]
     first = tch.execute(graph, [x, w, b])[0]  # the bucket (640) builds on a build thread; the interpreter serves

@@ -64,7 +64,7 @@ def test_wait_for_builds_loads_it_and_the_stand_ins_count_still_holds(cache):
 
 
 def test_the_serving_mode_loads_it_at_the_first_call_after_it_is_ready(cache):
-    with settings.override(background_builds=True):
+    with settings.override(serving_mode=True):
         assert served(cache, 1) == ["stand-in"]
         assert cache.wait_for_builds(5, take=False) == 0
         assert served(cache, 2) == ["plan", "plan"] and len(cache.load_threads) == 1

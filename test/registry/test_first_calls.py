@@ -3,7 +3,7 @@
 first N calls, whether its plan is built by then or not, and call N+1 gets the plan, waiting for
 its build when it is not done: which implementation serves each call depends on the sequence of
 calls alone, never on how long the build took. Without a GPU the build is a stand-in that takes
-its time (a CPU seam: the cache's build function, as test_background_builds.py)."""
+its time (a CPU seam: the cache's build function, as test_serving_mode.py)."""
 
 import threading
 import time
@@ -67,10 +67,10 @@ def test_concurrent_first_calls_share_the_count(cache):
 
 def test_deterministic_calls_and_the_serving_mode(cache):
     """Under deterministic algorithms the call builds and waits (one implementation per run);
-    the serving mode (background_builds) serves until the plan is ready, whatever the count."""
+    the serving mode (serving_mode) serves until the plan is ready, whatever the count."""
     cache.build_seconds = 0.0
     assert served(cache, 2, deterministic=True) == ["plan", "plan"]
-    with settings.override(background_builds=True):
+    with settings.override(serving_mode=True):
         other = ((3, 3, 4),)
         assert cache.lookup(cache.graph, 0, [torch.empty(3, 3, 4)], other, stand_in="torch") is None
         assert cache.wait_for_builds(5) == 0

@@ -86,7 +86,7 @@ def test_fused_linear_equals_the_view_based_route(activation, dtype):
     layer = FusedLinear(256, 384, activation, device="cuda", dtype=dtype)
     x = torch.randn(4, 64, 256, device="cuda").to(dtype)
     dy = torch.randn(4, 64, 384, device="cuda").to(dtype)
-    layer(x.detach().requires_grad_()).backward(dy)  # built (waited for under background_builds)
+    layer(x.detach().requires_grad_()).backward(dy)  # built (waited for under serving_mode)
     assert tch.registry.wait_for_builds(120) == 0
     layer.zero_grad(set_to_none=True)
     (x_new,) = _leaves(x)
@@ -129,7 +129,7 @@ def test_a_warm_step_runs_no_python(module):
     x = torch.randn(2, 96, 512, **bf16).requires_grad_()
     for _ in range(2):  # the first step builds each graph (Python), the second hands its plan to C++
         layer(x).float().sum().backward()
-        assert tch.registry.wait_for_builds(120) == 0  # under background_builds, its builds
+        assert tch.registry.wait_for_builds(120) == 0  # under serving_mode, its builds
     calls = []
     with _recording_python_kernels(calls):
         layer(x).float().sum().backward()
@@ -149,7 +149,7 @@ def test_the_python_path_computes_the_same(module, tmp_path):
         bf16 = dict(device="cuda", dtype=torch.bfloat16)
         layer = RMSNorm(512, **bf16) if {module!r} == "rmsnorm" else FusedLinear(512, 768, "gelu", **bf16)
         x = torch.randn(2, 96, 512, **bf16).requires_grad_()
-        layer(x).float().sum().backward()  # built (waited for under background_builds): the plans are compared
+        layer(x).float().sum().backward()  # built (waited for under serving_mode): the plans are compared
         assert tch.registry.wait_for_builds(120) == 0
         layer.zero_grad(set_to_none=True)
         x.grad = None

@@ -52,12 +52,12 @@ def test_the_reference_route_is_the_graphs_choice_else_the_setting(per_graph, se
                          itertools.product((None, False, True), BOOLS, (None, 0, 3), BOOLS, BOOLS, BOOLS, ("", "interpreter", "torch"), BOOLS))
 def test_the_one_rule_of_stand_ins(per_graph, setting, count, deterministic, capturing, compiling, stand_in, failed_before):
     """A stand-in serves while the plan builds on a build thread only where it is asked for (the
-    serving mode, background_builds, until the plan is ready; else stand_in_calls, a fixed count:
+    serving mode, serving_mode, until the plan is ready; else stand_in_calls, a fixed count:
     the graph's own, else the setting's where torch's ops stand in, never for the interpreter),
     the caller has a stand-in, and the call is neither deterministic, captured, traced, nor the
     retry of a failed background build."""
     facts = Facts("cuda", deterministic, capturing, compiling, stand_in, background_failed=failed_before)
-    route = decide(definition(background_builds=per_graph, stand_in_calls=count), Resolved(background_builds=setting, stand_in_calls=2), facts)
+    route = decide(definition(serving_mode=per_graph, stand_in_calls=count), Resolved(serving_mode=setting, stand_in_calls=2), facts)
     serving = setting if per_graph is None else per_graph
     calls = count if count is not None else 2 if stand_in == "torch" else 0
     serves = (serving or calls > 0) and bool(stand_in) and not (deterministic or capturing or compiling or failed_before)
@@ -70,7 +70,7 @@ def test_the_one_rule_of_stand_ins(per_graph, setting, count, deterministic, cap
 
 @pytest.mark.parametrize("store, build_process, dynamic, tuned, background", itertools.product(BOOLS, BOOLS, BOOLS, BOOLS, BOOLS))
 def test_where_the_plan_comes_from(store, build_process, dynamic, tuned, background):
-    resolved = Resolved(plan_store=store, build_process=build_process, dynamic_shapes=dynamic, plan_tuning=tuned, background_builds=background)
+    resolved = Resolved(plan_store=store, build_process=build_process, dynamic_shapes=dynamic, plan_tuning=tuned, serving_mode=background)
     route = decide(PLAIN, resolved, CUDA)
     expected = (("plan_store",) if store else ()) + (("build_process",) if background and build_process and not (dynamic or tuned) else ())
     assert route.plan_from == expected + (("kernel_cache",) if dynamic else ("static",))
@@ -104,7 +104,7 @@ def test_buckets_and_the_exact_plans_take_over(buckets_setting, uniform, backgro
     takes over after TAKE_OVER_CALLS bucketed calls."""
     chosen = definition(buckets=tch.Buckets({0: 1})) if registered_buckets else PLAIN
     facts = Facts("cuda", stand_in="torch_attention", uniform_lengths=uniform)
-    route = decide(chosen, Resolved(attention_buckets=buckets_setting, background_builds=background, stand_in_calls=2), facts)
+    route = decide(chosen, Resolved(attention_buckets=buckets_setting, serving_mode=background, stand_in_calls=2), facts)
     length = buckets_setting and uniform and not registered_buckets
     assert route.buckets == ("size" if registered_buckets else "length" if length else "")
     assert route.take_over_after == (TAKE_OVER_CALLS if length and background else 0)  # the serving mode's alone
@@ -113,15 +113,15 @@ def test_buckets_and_the_exact_plans_take_over(buckets_setting, uniform, backgro
 
 def test_a_registered_built_graph_has_its_plan_and_nothing_to_decide():
     built_definition = registry.Definition(0, "pinned", None, {}, 1)
-    route = decide(built_definition, Resolved(background_builds=True, verify=True), CUDA)
+    route = decide(built_definition, Resolved(serving_mode=True, verify=True), CUDA)
     assert (route.runs_on, route.plan_from, route.stand_in, route.native) == ("cudnn", ("registered",), "", "never")
 
 
 def test_resolved_reads_each_setting_once_into_a_frozen_record(fresh_settings):
-    settings.set_background_builds(True)
+    settings.set_serving_mode(True)
     resolved = Resolved.now()
-    settings.set_background_builds(False)
-    assert resolved.background_builds is True and Resolved.now().background_builds is False
+    settings.set_serving_mode(False)
+    assert resolved.serving_mode is True and Resolved.now().serving_mode is False
     with pytest.raises(AttributeError):
         resolved.verify = True
 
@@ -146,7 +146,7 @@ def test_explain_a_traced_call_says_nothing_runs():
 @pytest.mark.parametrize("settings_on, words", [
     ({}, ["route: cudnn/static/native@at_build", "the call builds its plan and waits: the interpreter would stand in",
           "plan store: the plan_store setting is off", "tuned: no: the plan_tuning setting is off"]),
-    (dict(plan_store=True, background_builds=True), ["route: cudnn/plan_store+build_process+static/stand_in=interpreter/native@second_call",
+    (dict(plan_store=True, serving_mode=True), ["route: cudnn/plan_store+build_process+static/stand_in=interpreter/native@second_call",
                                                      "interpreter serves while the plan builds on a build thread",
                                                      "build process: the build_process setting is on"]),
     (dict(dynamic_shapes=True, plan_tuning=True, native_hand_over="second_call"),
@@ -172,7 +172,7 @@ def test_explain_an_sdpa_call_names_its_buckets_and_its_stand_in(fresh_settings)
     settings.set_attention_buckets(True)
     route = tch.explain(sdpa, [q, q, q], causal=True)
     assert route.buckets == "length" and "attention_buckets setting is on" in str(route)
-    text = decide(registry.definition(SDPA_GRAPHS[True]), Resolved(attention_buckets=True, background_builds=True),
+    text = decide(registry.definition(SDPA_GRAPHS[True]), Resolved(attention_buckets=True, serving_mode=True),
                   Facts("cuda", stand_in="torch_attention", uniform_lengths=True)).explain()
     assert "torch_attention serves while the plan builds" in text and f"{TAKE_OVER_CALLS}th bucketed call builds its exact plan" in text
     with pytest.raises(TypeError, match="pass a graph id"):

@@ -87,6 +87,17 @@ def test_an_unknown_setting_names_the_known_ones():
         settings.get("plan_cache")
 
 
+def test_the_serving_modes_old_names_say_its_new_one():
+    with pytest.warns(DeprecationWarning, match="set_background_builds is deprecated; call settings.set_serving_mode"):
+        old_setter = settings.set_background_builds
+    old_setter(True)
+    assert settings.get("serving_mode") is True
+    with pytest.raises(KeyError, match="no setting 'background_builds' \\(renamed 'serving_mode': its route depends on build timing\\)"):
+        settings.get("background_builds")
+    with pytest.raises(AttributeError, match="has no attribute 'set_nothing'"):
+        settings.set_nothing
+
+
 def test_a_per_graph_choice_wins_over_everything(monkeypatch):
     monkeypatch.setenv("TORCH_CUDNN_HANDLE_TUNE", "1")
     settings.set_plan_tuning(True)

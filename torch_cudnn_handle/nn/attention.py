@@ -141,7 +141,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     call goes is its route (``sdpa.route_of(q, k, v, causal)``, ``tch.explain(sdpa, [q, k, v])``):
     with the ``attention_buckets`` setting on, a self-attention call (q, k and v of one
     shape) is served by its length's bucket instead, with no build per length (Note [Length
-    buckets]); with ``background_builds`` on, no call waits for a build (Note [Attention off
+    buckets]); with ``serving_mode`` on, no call waits for a build (Note [Attention off
     the caller's path] in attention_buckets.py).
     """
     _check_sdpa_inputs(q, k, v)

@@ -1,6 +1,6 @@
 """Which way an ``nn.sdpa`` call goes: its exact plan, its length's bucket, or torch's attention while a plan builds.
 
-Note [Attention off the caller's path]: with the ``background_builds`` setting on as well,
+Note [Attention off the caller's path]: with the ``serving_mode`` setting on as well,
 no sdpa call waits for a build. A call whose plan (its bucket's, or a dense one) is not
 built yet is served by torch's own attention (``torch_attention``) while the plan
 builds off the caller's path (a dense plan in a build process, from its recipe; a

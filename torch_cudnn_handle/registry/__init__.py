@@ -122,7 +122,7 @@ def register_graph(
     intermediate_data_type: Any = None,
     compute_data_type: Any = None,
     reference: Optional[bool] = None,
-    background_builds: Optional[bool] = None,
+    serving_mode: Optional[bool] = None,
     buckets: Optional[Buckets] = None,
     stand_in_calls: Optional[int] = None,
     stand_in: Optional[Callable[..., Any]] = None,
@@ -147,7 +147,7 @@ def register_graph(
     * ``views``: natural operands (``OperandViews``, registry/operand_views.py); ``ragged``:
       packed ``[T, H, D]`` inputs with ragged offsets (``Ragged``, registry/ragged.py);
       ``in_place={output: input}``: outputs written into inputs, run with ``execute_``.
-    * ``tune``, ``dynamic_shapes``, ``stand_in_calls``, ``background_builds``: over the
+    * ``tune``, ``dynamic_shapes``, ``stand_in_calls``, ``serving_mode``: over the
       settings of those names (Note [A new layout's first calls] for the last two), whose
       calls ``stand_in(*inputs)`` serves (torch ops returning the outputs) or the interpreter;
       ``buckets``: a ``Buckets`` naming input dims that take any size, zero-padded to a
@@ -178,7 +178,7 @@ def register_graph(
         output_shapes=output_shapes,
         data_types=GraphDataTypes.chosen(io=io_data_type, intermediate=intermediate_data_type, compute=compute_data_type),
         dynamic_shapes=dynamic_shapes, ragged=ragged, views=views, in_place=in_place, reference=reference,
-        background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
+        serving_mode=serving_mode, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
     )
     if buckets is not None:
         global BUCKET_RULES

@@ -52,7 +52,7 @@ class Definition:
     ragged: Optional[RaggedOperands] = None  # packed [T, H, D] inputs and their ragged offsets (ragged.py)
     views: Optional[OperandViews] = None  # natural operands: what the builder sees of each (operand_views.py)
     reference: Optional[bool] = None  # CUDA calls run on the torch interpreter, never cuDNN; None: the reference_path setting
-    background_builds: Optional[bool] = None  # serving mode: a stand-in until the plan is ready (routes.py); None: the setting
+    serving_mode: Optional[bool] = None  # serving mode: a stand-in until the plan is ready (routes.py); None: the setting
     stand_in_calls: Optional[int] = None  # a new layout's first N calls on a stand-in, N+1 waits (routes.py); None: the setting
     stand_in: Optional[Callable[..., Any]] = None  # torch ops computing its outputs, for those calls; None: the interpreter
     buckets: Optional[Buckets] = None  # dims that take any size, padded to a bucket (buckets.py)
@@ -202,7 +202,7 @@ class Definitions:
     def define(
         self, builder, *, name: Optional[str], params: Mapping[str, Any], backward: Optional[Backward], tune: Optional[bool],
         output_shapes, data_types: GraphDataTypes, dynamic_shapes: Optional[bool], ragged, views, in_place,
-        reference: Optional[bool] = None, background_builds: Optional[bool] = None, buckets: Optional[Buckets] = None,
+        reference: Optional[bool] = None, serving_mode: Optional[bool] = None, buckets: Optional[Buckets] = None,
         stand_in_calls: Optional[int] = None, stand_in: Optional[Callable[..., Any]] = None,
     ) -> int:
         """Check a registration and add its definitions (the forward's, and a backward
@@ -216,7 +216,7 @@ class Definitions:
             raise TypeError(f"register_graph: views must be an OperandViews, got {type(views).__name__}")
         if backward is not None and not isinstance(backward, Backward):
             raise TypeError(f"register_graph: backward must be a Backward (Backward.graph/.steps/.function), got {type(backward).__name__}")
-        for option, value in (("reference", reference), ("background_builds", background_builds)):
+        for option, value in (("reference", reference), ("serving_mode", serving_mode)):
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"register_graph: {option} must be True, False or None (the setting), got {value!r}")
         if stand_in_calls is not None and (not isinstance(stand_in_calls, int) or isinstance(stand_in_calls, bool) or stand_in_calls < 0):
@@ -250,13 +250,13 @@ class Definitions:
             backward_id = self._add(
                 name=f"{name}_backward", builder=backward.builder, params=dict(params), num_inputs=backward_arity,
                 tune=False if backward_packed is not None else tune, dynamic_shapes=dynamic_shapes, ragged=backward_packed,
-                views=backward.views, reference=reference, background_builds=background_builds,  # the backward graph's too
+                views=backward.views, reference=reference, serving_mode=serving_mode,  # the backward graph's too
                 stand_in_calls=stand_in_calls, stand_in=backward.stand_in,
             )
         graph_id = self._add(
             name=name, builder=builder, params=dict(params), num_inputs=num_inputs, backward=backward, backward_id=backward_id,
             tune=tune, output_shapes=output_shapes, data_types=data_types, dynamic_shapes=dynamic_shapes, ragged=packed, views=views,
-            reference=reference, background_builds=background_builds, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
+            reference=reference, serving_mode=serving_mode, buckets=buckets, stand_in_calls=stand_in_calls, stand_in=stand_in,
         )
         backward_record.declare(graph_id, name, backward, num_inputs=num_inputs, backward_id=backward_id,
                                 backward_arity=backward_arity, in_place=writes)

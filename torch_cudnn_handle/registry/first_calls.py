@@ -15,7 +15,7 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     never on how long a build took: two runs of one program give the same results. The plan
     goes native from the second call it serves, after which C++ serves every site. A capture's
     call gets the plan (waiting for it), never a stand-in.
-  * ``background_builds`` (the serving mode): until the plan is ready, so which calls the
+  * ``serving_mode`` (the serving mode): until the plan is ready, so which calls the
     stand-in serves depends on the build's time; for serving, where latency matters more than
     run-to-run equality.
 

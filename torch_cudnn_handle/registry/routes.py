@@ -15,7 +15,7 @@ native binding, the Python path and nn.sdpa read it, and the C++ kernel runs the
 route handed it; none of them decides again. Each choice carries the setting or fact
 that made it (``why``), which ``tch.explain`` prints without building.
 
-One rule per setting: ``stand_in_calls`` and ``background_builds`` (each over its
+One rule per setting: ``stand_in_calls`` and ``serving_mode`` (each over its
 ``register_graph`` option) let a stand-in serve while a plan builds on a build thread, for
 a caller that has one (a graph's torch stand-in, nn.sdpa's torch attention; the
 interpreter only for a graph that asks with its own count): a layout's first N calls, or
@@ -48,7 +48,7 @@ class Resolved:
     build_process: bool = True
     dynamic_shapes: bool = False
     plan_tuning: bool = False
-    background_builds: bool = False
+    serving_mode: bool = False
     stand_in_calls: int = 0
     attention_buckets: bool = False
     native_path: bool = True
@@ -174,10 +174,10 @@ def decide(definition, resolved: Resolved, facts: Facts) -> Route:
 
 
 def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, str]:
-    """The one rule of ``stand_in_calls`` and ``background_builds`` (Note [A new layout's first
+    """The one rule of ``stand_in_calls`` and ``serving_mode`` (Note [A new layout's first
     calls]): (the stand-in or "", how many calls it serves, why). The serving mode
-    (background_builds) wins where both are asked for; neither under deterministic algorithms."""
-    serving, serving_reason = _chosen(definition, "background_builds", "background_builds", resolved)
+    (serving_mode) wins where both are asked for; neither under deterministic algorithms."""
+    serving, serving_reason = _chosen(definition, "serving_mode", "serving_mode", resolved)
     stand_in = "torch" if facts.stand_in == "interpreter" and definition.stand_in is not None else facts.stand_in  # the op's: the graph's own
     given = definition.stand_in_calls
     if given is not None:
@@ -187,7 +187,7 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
     else:
         count, count_reason = resolved.stand_in_calls, f"the stand_in_calls setting is {resolved.stand_in_calls}"
     if not serving and not count:
-        return "", 0, f"the call builds its plan and waits: {count_reason}, the background_builds setting is off"
+        return "", 0, f"the call builds its plan and waits: {count_reason}, the serving_mode setting is off"
     reason = serving_reason if serving else count_reason
     for fact, said in ((facts.deterministic, "under deterministic algorithms (one implementation per run)"),
                        (facts.capturing, "while capturing a CUDA graph (no build can be part of it: warm up first)"),

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def background(fresh_settings):
-    fresh_settings.set_background_builds(True)
+    fresh_settings.set_serving_mode(True)
     fresh_settings.set_build_process(True)
     yield fresh_settings
 
@@ -42,7 +42,7 @@ def test_a_fused_linear_built_in_a_build_process_is_the_plan_built_here(backgrou
     assert built.plan_source == "build_process", (built.plan_source, built.plan_source_reason, tch.stats.build_processes())
     assert tch.stats.build_processes()["builds"] == before["builds"] + 1
     assert "build_process" in built.phase_seconds and built.native_pending, built.path_reason  # loaded here, never on a build thread
-    with tch.settings.override(background_builds=False):
+    with tch.settings.override(serving_mode=False):
         expected = tch.execute(here, [x, w, b])
     assert tch.built_graphs(here)[0].plan_source == "static"
     assert built.engine == tch.built_graphs(here)[0].engine
@@ -65,7 +65,7 @@ def test_a_graph_with_a_host_scalar_keeps_it_through_a_build_process(background)
     alpha = torch.full((1, 1, 1), 0.75)  # a one-element CPU tensor (with the operand's rank, as cuDNN wants): pass-by-value
     tch.execute(elsewhere, [a, b, alpha])
     assert tch.registry.wait_for_builds(120) == 0
-    with tch.settings.override(background_builds=False):
+    with tch.settings.override(serving_mode=False):
         (expected,) = tch.execute(here, [a, b, alpha])
         tch.execute(elsewhere, [a, b, alpha])  # a failed background build raises here, in the call's own build
     (built,) = tch.built_graphs(elsewhere)
@@ -94,7 +94,7 @@ def test_a_graph_a_python_engine_family_may_claim_is_built_in_a_build_process_fr
     here = tch.register_graph(builder, name=f"build_process_{kind}_here", params=params)
     first = tch.execute(elsewhere, inputs)  # the interpreter stands in while a helper builds
     built = _built(elsewhere)
-    with tch.settings.override(background_builds=False):
+    with tch.settings.override(serving_mode=False):
         expected = tch.execute(here, inputs)
     (static,) = tch.built_graphs(here)
     stats = tch.stats.build_processes()
