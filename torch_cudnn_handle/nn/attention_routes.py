@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .. import registry, settings, trace_constants
 from ..op import plan_ready, route_of
 from ..registry import TAKE_OVER_CALLS, Facts, Route
+from ..registry.first_calls import call_site
 
 __all__ = ["TAKE_OVER_CALLS", "attention_route", "exact_plan_took_over", "torch_attention", "torch_stands_in", "traced_length_buckets"]
 
@@ -74,7 +75,10 @@ def _layout_key(graph_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def _ready_key(graph_id: int, operands: list) -> tuple:
-    return (graph_id, operands[0].device.index, *((tuple(t.shape), t.stride()) for t in operands[:3]), operands[0].dtype)
+    """Per call site too: a site whose first calls torch's attention still serves asks the registry
+    (Note [A new layout's first calls]), though another site's calls already take the plan."""
+    return (graph_id, operands[0].device.index, *((tuple(t.shape), t.stride()) for t in operands[:3]), operands[0].dtype,
+            call_site(asking=False))
 
 
 # torch's attention backends a stand-in may use: not torch's cuDNN backend, which builds a plan per length too.
@@ -87,7 +91,7 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-# (graph, device, q/k/v layouts) whose plan was found built: a steady call asks the registry
+# (graph, device, q/k/v layouts, call site) whose plan was found built: a steady call asks the registry
 # no more (a plan evicted later is rebuilt by the op, its interpreter standing in). For the
 # process, at most _KEPT_LIMIT keys.
 _ready: set = set()

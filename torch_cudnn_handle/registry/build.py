@@ -148,8 +148,8 @@ class Fetched:
     """Note [A fetched plan is loaded by the call that takes it]: a build off the caller's path
     (a build thread) stops at the serialized plan when the plan store or a build process has
     one, read and checked: cuDNN's deserialize captures a CUDA graph of its own on a stream of
-    its own, and while it does, CUDA refuses another thread's unsafe calls (a cudaMalloc in
-    torch's own cuDNN attention failed so on an H100, and the deserialize with it). So the call
+    its own, and while it does, other threads' CUDA work can break it and fail with it (torch's
+    own cuDNN attention in the caller's thread failed so on an H100, as did the deserialize). So the call
     that takes the plan (the stand-in's count spent, or the serving mode's next call once it
     is ready), which waits anyway, loads it on a call-build thread while it waits, as does
     ``wait_for_builds``; no user work of that thread runs meanwhile. Loaded once (``load``); a

@@ -56,7 +56,8 @@ AFTER_BUILD_PHASES = ("first_execution", "native_hand_over")  # recorded by late
 
 class PhaseClock:
     """Seconds per phase of one build: ``lap(phase)`` charges the time since the last
-    lap (or since the clock started) to ``phase``. One thread's, never shared."""
+    lap (or since the clock started) to ``phase``. One thread's at a time (a fetched plan's
+    clock passes from the build thread to the call that loads it: ``resume``)."""
 
     def __init__(self):
         self.seconds: Dict[str, float] = {}

@@ -1,8 +1,8 @@
 """``CacheCounts``: what the graph cache counts (hits, builds, calls by route, where plans came
 from and the time they took), and the report ``stats.graphs()`` reads.
 
-One per ``GraphCache``, guarded by that cache's lock: every method but ``report``'s caller
-runs under it, so a count and the table change it describes are one step.
+One per ``GraphCache``, guarded by that cache's lock: every method is called under it, so a
+count and the table change it describes are one step.
 """
 
 from __future__ import annotations

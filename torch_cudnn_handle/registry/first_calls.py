@@ -15,7 +15,7 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     never on how long a build took: two runs of one program give the same results. The plan
     goes native from the second call it serves, after which C++ serves every site. A capture's
     call gets the plan (waiting for it), never a stand-in.
-  * ``serving_mode`` (the serving mode): until the plan is ready, so which calls the
+  * ``serving_mode`` (timing-dependent): until the plan is ready, so which calls the
     stand-in serves depends on the build's time; for serving, where latency matters more than
     run-to-run equality.
 
@@ -75,10 +75,12 @@ def at_site(site: int, fn, *args):
     return result
 
 
-def call_site():
+def call_site(asking: bool = True):
     """This call's site: the module's (``at_site``), the site of the forward whose backward
-    runs now, or None (the layout's own count)."""
-    _sites.asked = True
+    runs now, or None (the layout's own count). ``asking``: a first call's count reads it (its
+    forward's node then keeps it); a steady caller's own bookkeeping does not."""
+    if asking:
+        _sites.asked = True
     site = getattr(_sites, "site", None)
     if site is None:
         node = torch._C._current_autograd_node()

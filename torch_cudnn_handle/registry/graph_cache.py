@@ -70,7 +70,7 @@ class GraphCache:
         self._lock = threading.Lock()
         self._entries: Dict[tuple, _Entry] = {}
         self._in_flight: Dict[tuple, concurrent.futures.Future] = {}
-        self._first_calls = FirstCalls()  # the build threads; the stand-in's calls per layout (first_calls.py)
+        self._first_calls = FirstCalls()  # the build threads; the stand-in's calls per layout and site (first_calls.py)
         self._counts = CacheCounts()  # under the lock
 
     # -- lookups -------------------------------------------------------------------
