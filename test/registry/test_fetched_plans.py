@@ -4,12 +4,11 @@ by the call that takes it]): cuDNN's deserialize captures a CUDA graph of its ow
 overlap the caller's CUDA work. Without a GPU the fetched plan's load is a seam that takes its time
 (support/timed_builds.py); what is checked is who loads it, when, and how often."""
 
-import threading
-
 import pytest
 import torch
 
 from torch_cudnn_handle import settings
+from conftest import run_concurrently
 from support.timed_builds import timed_cache
 
 X = torch.empty(2, 3, 4)
@@ -41,18 +40,7 @@ def test_the_call_past_the_stand_ins_count_loads_it_on_a_call_build_thread(cache
 def test_concurrent_takers_share_one_load(cache):
     cache.load_seconds = 0.2
     assert served(cache, 3) == ["stand-in"] * 3
-    answers, lock = [], threading.Lock()
-
-    def call():
-        answer = served(cache, 1)[0]
-        with lock:
-            answers.append(answer)
-
-    threads = [threading.Thread(target=call) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = run_concurrently(lambda i: served(cache, 1)[0], 6)
     assert answers == ["plan"] * 6 and len(cache.load_threads) == 1 and len(cache.entries()) == 1
 
 

@@ -5,7 +5,6 @@ its build when it is not done: which implementation serves each call depends on 
 calls alone, never on how long the build took. Without a GPU the build is a stand-in that takes
 its time (a CPU seam: the cache's build function, as test_serving_mode.py)."""
 
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 
 import torch_cudnn_handle as tch
 from torch_cudnn_handle import settings
+from conftest import run_concurrently
 from support.timed_builds import define_relu, timed_cache
 
 X = torch.empty(2, 3, 4)
@@ -50,18 +50,7 @@ def test_the_stand_in_serves_exactly_the_first_n_calls_however_long_the_build(ca
 
 def test_concurrent_first_calls_share_the_count(cache):
     cache.build_seconds = 0.2
-    answers, lock = [], threading.Lock()
-
-    def call():
-        answer = served(cache, 1)[0]
-        with lock:
-            answers.append(answer)
-
-    threads = [threading.Thread(target=call) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = run_concurrently(lambda i: served(cache, 1)[0], 6)
     assert sorted(answers) == ["plan"] * 3 + ["stand-in"] * 3
 
 

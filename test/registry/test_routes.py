@@ -155,8 +155,8 @@ def test_explain_a_traced_call_says_nothing_runs():
     (dict(native_path=False, verify=True), ["cudnn/static/python_path", "never: the native_path setting is off",
                                             "verify: the verify setting is on"]),
     (dict(reference_path=True), ["route: interpreter", "the torch interpreter, never cuDNN: the reference_path setting is on"]),
-    (dict(stand_in_calls=4), ["cudnn/build_process+static/stand_in=torchx4/native@second_call", "torch serves this layout's first 4 calls",
-                              "call 5 waits for it (reproducible", "from the first call it serves on, after the stand-in's"]),
+    (dict(stand_in_calls=4), ["cudnn/build_process+static/stand_in=torchx4/native@second_call", "torch serves this layout's first 4 calls at each call site",
+                              "a site's call 5 waits for it (reproducible", "from the first call it serves on, after the stand-in's"]),
 ])
 def test_each_cuda_route_explains_each_choice_with_its_setting(settings_on, words):
     resolved = Resolved(**dict(dict(plan_store=False), **settings_on))

@@ -198,8 +198,9 @@ def _stand_in(definition, resolved: Resolved, facts: Facts) -> Tuple[str, int, s
     if serving:
         return stand_in, -1, (f"{stand_in} serves while the plan builds on a build thread, until it is ready (which calls it serves "
                               f"depends on the build's time: the serving mode): {reason}")
-    return stand_in, count, (f"{stand_in} serves this layout's first {count} calls while the plan builds on a build thread; "
-                             f"call {count + 1} waits for it (reproducible: the same calls whatever the build takes): {reason}")
+    return stand_in, count, (f"{stand_in} serves this layout's first {count} calls at each call site (an nn module, else the layout) "
+                             f"while the plan builds on a build thread; a site's call {count + 1} waits for it (reproducible: the "
+                             f"same calls whatever the build takes): {reason}")
 
 
 def _native(resolved: Resolved, facts: Facts, off_path: bool) -> Tuple[str, str]:

@@ -97,38 +97,35 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
         clock.lap("key")
 
     if key is not None:
-        if fetch_only:
-            found = stored_graphs.fetch_blob(key, uids)
-            clock.lap("load")
-            if found is not None:
-                blob, metadata = found
-                choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
-                return Obtained(None, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key)
-        else:
-            loaded = stored_graphs.load_graph(key, definition.name, handle, uids)
-            clock.lap("load")
-            if loaded is not None:
-                loaded_graph, blob, metadata = loaded
-                choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
-                return Obtained(loaded_graph, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key)
+        found = stored_graphs.fetch_blob(key, uids)  # read and checked, not deserialized
+        stored = None
+        if found is not None:
+            blob, metadata = found
+            choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
+            stored = _loaded(Obtained(None, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key),
+                             definition.name, handle, fetch_only)
+        clock.lap("load")
+        if stored is not None:
+            return stored
 
     if "build_process" in route.plan_from and layout.all_declared():  # a helper builds what it can (build_process.offer)
         elsewhere = build_process.offer(graph, device, recipe=lambda: build_process.recipe_of(definition, call_specs))
         clock.lap("build_process")
         if elsewhere is not None:
             blob, engine = elsewhere
-            if fetch_only:
-                built, why = None, stored_graphs.check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
+            why = stored_graphs.check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
+            if why is not None:
+                build_process.rejected(why)
             else:
-                built, why = stored_graphs.graph_of_blob(blob, definition.name, handle, uids)
-            clock.lap("load")
-            if built is not None or (fetch_only and why is None):
                 if key is not None:
                     stored_graphs.store_blob(key, blob, dict(plan=None, index=None, engine=engine, route="build_process"))
                     clock.lap("store")
                 choice = plan_tuning.PlanChoice(plan=None, index=None, source="heuristic", reason="tuning off")
-                return Obtained(built, outputs, layout, uids, choice, "build_process", "built by a build process", engine, blob, key)
-            build_process.rejected(why)
+                sent = _loaded(Obtained(None, outputs, layout, uids, choice, "build_process", "built by a build process", engine, blob, key),
+                               definition.name, handle, fetch_only)
+                clock.lap("load")
+                if sent is not None:
+                    return sent
 
     source, reason, choice, cache_error = "static", (slot.refused if slot is not None else "dynamic shapes off"), None, None
     if options:
@@ -162,6 +159,15 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
             stored_graphs.store_blob(key, serialized, dict(plan=choice.plan, index=choice.index, engine=engine, route=source))  # "route": the field's name on disk
             clock.lap("store")
     return Obtained(graph, outputs, layout, uids, choice, source, reason, engine, serialized, key if serialized is not None else None)
+
+
+def _loaded(obtained: Obtained, name: str, handle, fetch_only: bool) -> Optional[Obtained]:
+    """A checked plan (``Obtained.fetched``): as it is where only fetched, else deserialized here;
+    None where cuDNN will not take it back (rejected: ``load_fetched``)."""
+    if fetch_only:
+        return obtained
+    graph = load_fetched(obtained, name, handle)
+    return None if graph is None else dataclasses.replace(obtained, graph=graph)
 
 
 def load_fetched(obtained: Obtained, name: str, handle) -> Optional[Any]:

@@ -36,7 +36,7 @@ import torch
 from ...native.ubjson import decode_ubjson
 from . import store as plan_store
 
-__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "load_graph", "fetch_blob", "graph_of_blob", "deserialized", "serialized_plan", "store_blob"]
+__all__ = ["description_fingerprint", "key_of", "device_identity", "check_blob", "fetch_blob", "deserialized", "serialized_plan", "store_blob"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -150,21 +150,6 @@ def _version_forms(version) -> set:
     return forms
 
 
-def load_graph(key: str, name: str, handle, uids: Sequence[int]) -> Optional[Tuple[Any, bytes, dict]]:
-    """``(graph, blob, metadata)``: the plan stored under ``key``, deserialized on
-    ``handle`` (a built ``cudnn.pygraph``), with its serialized form, or None (not stored,
-    or rejected with a warning)."""
-    fetched = fetch_blob(key, uids)
-    if fetched is None:
-        return None
-    blob, metadata = fetched
-    graph, why = deserialized(blob, name, handle)
-    if graph is not None:
-        return graph, blob, metadata
-    plan_store.store().reject(key, why)
-    return None
-
-
 def fetch_blob(key: str, uids: Sequence[int]) -> Optional[Tuple[bytes, dict]]:
     """``(blob, metadata)`` stored under ``key`` and checked (``check_blob``), not yet
     deserialized; or None (not stored, or rejected with a warning)."""
@@ -177,13 +162,6 @@ def fetch_blob(key: str, uids: Sequence[int]) -> Optional[Tuple[bytes, dict]]:
         return loaded
     store.reject(key, why)
     return None
-
-
-def graph_of_blob(blob: bytes, name: str, handle, uids: Sequence[int]) -> Tuple[Optional[Any], str]:
-    """``(graph, "")``: a serialized backend plan of these operands, checked
-    (``check_blob``) and deserialized on ``handle``; or ``(None, why not)``."""
-    why = check_blob(blob, uids, backend_version=cudnn.backend_version(), frontend_version=cudnn.__version__)
-    return (None, why) if why is not None else deserialized(blob, name, handle)
 
 
 def deserialized(blob: bytes, name: str, handle) -> Tuple[Optional[Any], str]:
