@@ -173,10 +173,10 @@ class Fetched:
         definition, device, specs, route, obtained, clock, deterministic = self._arguments
         clock.resume()
         with build_scope(device) as handle:
-            graph = load_fetched(obtained, definition.name, handle)
+            loaded = load_fetched(obtained, definition.name, handle)
             clock.lap("load")
-            if graph is not None:
-                return _built(definition, device, specs, route, dataclasses.replace(obtained, graph=graph), clock, deterministic)
+            if loaded is not None:
+                return _built(definition, device, specs, route, loaded, clock, deterministic)
         rebuilt = build(definition, device, specs, dataclasses.replace(route, plan_from=tuple(p for p in route.plan_from if p not in DESERIALIZED_SOURCES)))
         return dataclasses.replace(rebuilt, route=route)  # counted on its own route
 

@@ -4,6 +4,8 @@ a build process sends, comes back read and checked but not deserialized off the 
 call, and built there when cuDNN will not take it back. Without a GPU the store, the helper and
 cuDNN's build are seams; the description is the registry's own."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def seams(monkeypatch):
     loaded = object()  # the graph cuDNN's deserialize gives
     monkeypatch.setattr(stored_graphs, "key_of", lambda *args: "key")
     monkeypatch.setattr(stored_graphs, "store_blob", lambda *args: None)
-    monkeypatch.setattr(plans, "load_fetched", lambda obtained, name, handle: loaded)
+    monkeypatch.setattr(plans, "load_fetched", lambda obtained, name, handle: dataclasses.replace(obtained, graph=loaded))
     monkeypatch.setattr(plans, "_build_described", lambda *args: (_ for _ in ()).throw(_Built()))
     return loaded
 

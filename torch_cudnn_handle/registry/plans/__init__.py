@@ -102,8 +102,8 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
         if found is not None:
             blob, metadata = found
             choice = plan_tuning.PlanChoice(plan=metadata.get("plan"), index=metadata.get("index"), source="plan_store", reason="from the plan store")
-            stored = _loaded(Obtained(None, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key),
-                             definition.name, handle, fetch_only)
+            stored = Obtained(None, outputs, layout, uids, choice, "plan_store", "loaded from the plan store", metadata.get("engine"), blob, key)
+            stored = stored if fetch_only else load_fetched(stored, definition.name, handle)
         clock.lap("load")
         if stored is not None:
             return stored
@@ -121,8 +121,8 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
                     stored_graphs.store_blob(key, blob, dict(plan=None, index=None, engine=engine, route="build_process"))
                     clock.lap("store")
                 choice = plan_tuning.PlanChoice(plan=None, index=None, source="heuristic", reason="tuning off")
-                sent = _loaded(Obtained(None, outputs, layout, uids, choice, "build_process", "built by a build process", engine, blob, key),
-                               definition.name, handle, fetch_only)
+                sent = Obtained(None, outputs, layout, uids, choice, "build_process", "built by a build process", engine, blob, key)
+                sent = sent if fetch_only else load_fetched(sent, definition.name, handle)
                 clock.lap("load")
                 if sent is not None:
                     return sent
@@ -161,25 +161,17 @@ def obtain(definition, device: int, specs: Tuple[TensorSpec, ...], handle, route
     return Obtained(graph, outputs, layout, uids, choice, source, reason, engine, serialized, key if serialized is not None else None)
 
 
-def _loaded(obtained: Obtained, name: str, handle, fetch_only: bool) -> Optional[Obtained]:
-    """A checked plan (``Obtained.fetched``): as it is where only fetched, else deserialized here;
-    None where cuDNN will not take it back (rejected: ``load_fetched``)."""
-    if fetch_only:
-        return obtained
-    graph = load_fetched(obtained, name, handle)
-    return None if graph is None else dataclasses.replace(obtained, graph=graph)
-
-
-def load_fetched(obtained: Obtained, name: str, handle) -> Optional[Any]:
-    """The graph of a fetched plan (``Obtained.fetched``) deserialized on ``handle``; or None,
+def load_fetched(obtained: Obtained, name: str, handle) -> Optional[Obtained]:
+    """A fetched plan (``Obtained.fetched``) with its graph, deserialized on ``handle``; or None,
     the plan rejected (warned, dropped from the store) so the caller builds it."""
     graph, why = stored_graphs.deserialized(obtained.serialized, name, handle)
-    if graph is None:
-        if obtained.key is not None and plan_store.store() is not None:
-            plan_store.store().reject(obtained.key, why)
-        if obtained.source == "build_process":
-            build_process.rejected(why)
-    return graph
+    if graph is not None:
+        return dataclasses.replace(obtained, graph=graph)
+    if obtained.key is not None and plan_store.store() is not None:
+        plan_store.store().reject(obtained.key, why)
+    if obtained.source == "build_process":
+        build_process.rejected(why)
+    return None
 
 
 def engine_of(graph) -> str:
