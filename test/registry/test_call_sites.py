@@ -1,6 +1,7 @@
 """A new layout's first calls are counted per call site (registry/first_calls.py, Note [A new
 layout's first calls]): each nn module is a site (``at_site``), its backward's calls find the site
-on the forward's autograd node, and a call from no module counts for the layout. So layers that
+on the forward's autograd node, a lowered compiled frame numbers each layout's calls in its run
+(so does a backward node that is no module's), and any other call counts for the layout. So layers that
 share a layout (q, k, v and o projections; a model's repeated blocks) each get their first N
 calls on the stand-in. Without a GPU the build is a seam that takes its time (support/timed_builds.py)."""
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from torch_cudnn_handle import settings
-from torch_cudnn_handle.registry.first_calls import at_site, call_site, new_site
+from torch_cudnn_handle.registry.first_calls import at_site, call_site, frame_runner, new_site
 from support.timed_builds import timed_cache
 
 X = torch.empty(2, 3, 4)
@@ -71,3 +72,45 @@ def test_a_backward_finds_the_site_of_its_forward():
     assert _Probe.seen == [site, None] and call_site() is None
     untouched = at_site(site, torch.mul, x, 2)  # no first call read the site: its node is left as it is
     assert "torch_cudnn_handle.call_site" not in untouched.grad_fn.metadata
+
+
+def _who_served(cache) -> str:
+    return "stand-in" if cache.lookup(cache.graph, 0, [X], KEY, stand_in="torch") is None else "plan"
+
+
+def test_a_lowered_frame_numbers_a_layouts_calls_in_each_run(cache):
+    def frame():  # five norms of one layout in one compiled frame, as a lowered decoder calls them
+        return [_who_served(cache) for _ in range(5)]
+
+    def boxed(arguments):
+        return frame()
+
+    boxed._boxed_call = True
+    run, run_boxed = frame_runner(new_site(), frame), frame_runner(new_site(), boxed)
+    assert [run() for _ in range(3)] == [["stand-in"] * 5, ["stand-in"] * 5, ["plan"] * 5]
+    assert run_boxed._boxed_call and not hasattr(run, "_boxed_call")
+    assert run_boxed([]) == ["stand-in"] * 5  # another frame: sites of its own
+    assert call_site() is None  # a run leaves no frame behind
+
+
+class _ThreeCalls(torch.autograd.Function):
+    """A compiled frame's backward node, as far as sites go: no module's, three calls of one layout."""
+
+    cache = None
+    served: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        _ThreeCalls.served.append([_who_served(_ThreeCalls.cache) for _ in range(3)])
+        return grad * 2
+
+
+def test_a_backward_node_of_no_module_numbers_its_calls_in_each_run(cache):
+    _ThreeCalls.cache, _ThreeCalls.served = cache, []
+    for _ in range(3):
+        _ThreeCalls.apply(torch.ones(3, requires_grad=True)).sum().backward()
+    assert _ThreeCalls.served == [["stand-in"] * 3, ["stand-in"] * 3, ["plan"] * 3]

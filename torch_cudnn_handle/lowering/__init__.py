@@ -32,6 +32,7 @@ from typing import Callable, Iterable, List, Optional, Union
 
 import torch.fx
 
+from ..registry.first_calls import frame_runner, new_site
 from .attention import Attention
 from .linears import LinearActivation
 from .norms import LAYER_NORM, RMS_NORM, WrittenRMSNorm
@@ -107,13 +108,16 @@ def backend(inner: Union[str, Callable] = "inductor", mode: Optional[str] = None
             from torch._inductor import list_mode_options
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode))
-        compile_with = inner
-        if isinstance(inner, str):
-            from torch._dynamo.backends.registry import lookup_backend
+            compiled = compile_fx(gm, example_inputs, config_patches=list_mode_options(mode))
+        else:
+            compile_with = inner
+            if isinstance(inner, str):
+                from torch._dynamo.backends.registry import lookup_backend
 
-            compile_with = lookup_backend(inner)
-        return compile_with(gm, example_inputs)
+                compile_with = lookup_backend(inner)
+            compiled = compile_with(gm, example_inputs)
+        # A frame is its calls' site, each layout's k-th call in a run a site of its own (Note [A new layout's first calls])
+        return frame_runner(new_site(), compiled)
 
     return compile_lowered
 

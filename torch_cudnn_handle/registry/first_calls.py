@@ -8,10 +8,13 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     layout's first N calls at each call site, whether its plan is built by then or not; the
     site's call N+1 gets the plan, and waits for its build when it is not done. A call site is
     an nn module (``at_site``): its forward's calls, and its backward's, which find the site
-    on the forward's autograd node; a call from no module is counted per layout. So a layer
-    repeated in a model (or q, k, v and o projections of one shape) runs the first N steps at
-    a new size on torch's ops, rather than waiting for the build at the third layer of the
-    first step. Which implementation serves a call depends on the sequence of calls alone,
+    on the forward's autograd node. A compiled frame the lowering made (``frame_runner``) has no
+    modules left: there a layout's calls are numbered in each run of the frame, and its k-th
+    call is a site of its own, and so in the run of a backward node that is no module's (a
+    compiled frame's backward). Any other call is counted per layout. So a layer repeated in a
+    model (or q, k, v and o projections of one shape, or a model's five RMSNorms once lowered)
+    runs the first N steps at a new size on torch's ops, rather than waiting for the build at
+    the third layer of the first step. Which implementation serves a call depends on the sequence of calls alone,
     never on how long a build took: two runs of one program give the same results. The plan
     goes native from the second call it serves, after which C++ serves every site. A capture's
     call gets the plan (waiting for it), never a stand-in.
@@ -48,11 +51,14 @@ import torch
 from .._extension import _C
 from .plans import build_process
 
-__all__ = ["FirstCalls", "CALL_BUILD_THREADS", "new_site", "at_site", "call_site"]
+__all__ = ["FirstCalls", "CALL_BUILD_THREADS", "new_site", "at_site", "frame_runner", "call_site"]
 
 CALL_BUILD_THREADS = 4  # builds in calls at once (each caller waits on its own); more callers queue
 _SITE_KEY = "torch_cudnn_handle.call_site"  # an autograd node's metadata: the site its forward ran at
-_sites = threading.local()  # .site: the call site of this thread's calls now; .asked: whether a first call read it
+_RUN_KEY = "torch_cudnn_handle.run_calls"  # an autograd node's metadata: its run's calls per layout key (no module's node)
+# .site: the call site of this thread's calls now; .asked: whether a first call read it;
+# .frame: (site, calls per layout key so far) while a lowered compiled frame runs on this thread.
+_sites = threading.local()
 new_site = itertools.count(1).__next__  # a module's call site, one per instance, for the process
 
 
@@ -75,17 +81,48 @@ def at_site(site: int, fn, *args):
     return result
 
 
-def call_site(asking: bool = True):
+def frame_runner(site: int, compiled):
+    """``compiled`` (a compiled frame's callable, boxed or not) as a callable whose every run
+    numbers each layout's calls from 0: the k-th is site ``(site, k)`` (Note [A new layout's first calls])."""
+
+    def run(*args):
+        previous = getattr(_sites, "frame", None)
+        _sites.frame = (site, {})
+        try:
+            return compiled(*args)
+        finally:
+            _sites.frame = previous
+
+    if getattr(compiled, "_boxed_call", False):  # dynamo hands a boxed callable one list of arguments
+        run._boxed_call = True
+    return run
+
+
+def call_site(asking: bool = True, key=None):
     """This call's site: the module's (``at_site``), the site of the forward whose backward
-    runs now, or None (the layout's own count). ``asking``: a first call's count reads it (its
-    forward's node then keeps it); a steady caller's own bookkeeping does not."""
+    runs now, the call's number in a lowered frame's run or a backward node's (``key``: its
+    layout, counted here), or None (the layout's own count). ``asking``: a first call's count
+    reads it (its forward's node then keeps it); a steady caller's own bookkeeping does not."""
     if asking:
         _sites.asked = True
     site = getattr(_sites, "site", None)
-    if site is None:
+    if site is not None:
+        return site
+    frame = getattr(_sites, "frame", None)
+    if frame is None:
         node = torch._C._current_autograd_node()
-        site = None if node is None else node.metadata.get(_SITE_KEY)
-    return site
+        if node is None:
+            return None
+        site = node.metadata.get(_SITE_KEY)
+        if site is not None or key is None:
+            return site
+        frame = ("backward", node.metadata.setdefault(_RUN_KEY, {}))
+    if key is None:
+        return frame[0]
+    calls = frame[1]
+    number = calls.get(key, 0)
+    calls[key] = number + 1
+    return None if frame[0] == "backward" and number == 0 else (frame[0], number)
 
 
 def _relaxed_build_thread() -> None:
@@ -131,7 +168,7 @@ class FirstCalls:
     def first(self, key, route) -> None:
         """``key``'s plan starts building off the caller's path; this call is the stand-in's first at its site."""
         if route.stand_in_calls > 0:
-            self._served[key] = {call_site(): 1}
+            self._served[key] = {call_site(key=key): 1}
 
     def stands_in(self, key, route, future=None) -> bool:
         """Whether the stand-in serves this call of ``key``, still building (``future``) or built
@@ -139,7 +176,7 @@ class FirstCalls:
         if route.stand_in_calls <= 0:
             return route.stand_in_calls < 0 and future is not None and not future.done()
         sites = self._served.setdefault(key, {})
-        site = call_site()
+        site = call_site(key=key)
         served = sites.get(site, 0)
         if served >= route.stand_in_calls:
             return False
