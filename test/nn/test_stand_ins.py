@@ -10,6 +10,8 @@ import torch_cudnn_handle as tch
 from torch_cudnn_handle.nn.linear import (BIAS_FREE_LINEAR_GRAPHS, GELU_BACKWARD_ROWS, GELU_TANH_BACKWARD_ROWS, LINEAR_GRAPHS, MATMUL_DW,
                                           MATMUL_DX, RELU_BACKWARD_ROWS, SILU_BACKWARD_ROWS)
 from torch_cudnn_handle import registry
+from torch_cudnn_handle.nn import attention_stand_ins
+from torch_cudnn_handle.nn.attention import SDPA_GRAPHS, SDPA_INFERENCE_GRAPHS
 from torch_cudnn_handle.nn.norm import layernorm_graph, rmsnorm_graph
 from torch_cudnn_handle.nn.swiglu import SWIGLU_DUP, SWIGLU_DZ, SWIGLU_GATE
 from torch_cudnn_handle.nn import transposed_linear
@@ -44,6 +46,18 @@ CASES["rmsnorm_backward"] = (registry.definition(rmsnorm_graph(1e-5)).backward_i
 CASES["layernorm_backward"] = (registry.definition(layernorm_graph(1e-5)).backward_id,
                                [torch.randn(2, 5, 16), X, CASES["layernorm"][1][1], *_LN_STATS])
 
+# Attention, q/k/v token-major as projections give them (BSHD in memory), and grouped-query
+# (4 query heads on 2 K/V heads); the backward on the statistics its forward wrote.
+_Q, _KV = (torch.randn(2, 12, h, 16, dtype=torch.bfloat16).transpose(1, 2) for h in (4, 2))
+_K, _V = _KV, torch.randn(2, 2, 12, 16, dtype=torch.bfloat16)  # V head-major: its own layout
+for _causal in (False, True):
+    _name = "causal" if _causal else "full"
+    CASES[f"sdpa_{_name}"] = (SDPA_GRAPHS[_causal], [_Q, _K, _V])
+    CASES[f"sdpa_{_name}_inference"] = (SDPA_INFERENCE_GRAPHS[_causal], [_Q, _K, _V])
+    _O, _STATS = tch.execute(SDPA_GRAPHS[_causal], [_Q, _K, _V])
+    CASES[f"sdpa_{_name}_backward"] = (registry.definition(SDPA_GRAPHS[_causal]).backward_id,
+                                       [_Q, _K, _V, _O, torch.randn_like(_O), _STATS])
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_stand_in_gives_the_interpreters_outputs_in_the_ops_layout(name):
@@ -54,6 +68,15 @@ def test_each_stand_in_gives_the_interpreters_outputs_in_the_ops_layout(name):
     for g, e in zip(got, expected):
         assert (g.shape, g.stride(), g.dtype) == (e.shape, e.stride(), e.dtype)
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(name for name in CASES if name.startswith("sdpa")))
+def test_attentions_stand_ins_give_the_same_outputs_a_block_of_rows_at_a_time(name, monkeypatch):
+    graph, inputs = CASES[name]
+    whole = stand_in.execute(graph, inputs)
+    monkeypatch.setattr(attention_stand_ins, "_BLOCK_BYTES", 1)  # one (batch element, K/V head) row per block
+    for got, expected in zip(stand_in.execute(graph, inputs), whole):
+        assert got.stride() == expected.stride() and torch.equal(got, expected)
 
 
 def test_a_stand_in_that_returns_the_wrong_thing_is_refused_naming_it():

@@ -19,6 +19,8 @@ op does the same; autograd hands over a contiguous one).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -30,6 +32,7 @@ from ..registry import Backward, BackwardOperand, register_graph
 from ..registry.first_calls import at_site, new_site
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .attention_buckets import _mask, _scale, bucketed_sdpa
+from .attention_stand_ins import torch_sdpa_backward, torch_sdpa_forward, torch_sdpa_inference_forward
 from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in
 from .linear import FusedLinear
 
@@ -87,19 +90,22 @@ BACKWARD_OPERANDS = (
 )
 
 
+# Each with its stand-in for the op's first calls at a new length (attention_stand_ins.py).
 SDPA_GRAPHS = {
     causal: register_graph(
         sdpa_forward,
         name=f"nn_sdpa_{'causal' if causal else 'full'}",
-        backward=Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS),
+        backward=Backward.graph(sdpa_backward, operands=BACKWARD_OPERANDS, stand_in=functools.partial(torch_sdpa_backward, causal=causal)),
         params=dict(causal=causal),
+        stand_in=functools.partial(torch_sdpa_forward, causal=causal),
     )
     for causal in (False, True)
 }
 
 
 SDPA_INFERENCE_GRAPHS = {
-    causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", params=dict(causal=causal))
+    causal: register_graph(sdpa_inference_forward, name=f"nn_sdpa_{'causal' if causal else 'full'}_inference", params=dict(causal=causal),
+                           stand_in=functools.partial(torch_sdpa_inference_forward, causal=causal))
     for causal in (False, True)
 }
 
