@@ -12,14 +12,14 @@ stays inductor's), random weights, bf16, ``--layers`` layers, at three sizes:
    pattern gains and which loses against inductor;
 2. the share of the lowered training step's GPU time in kernels the library's graphs launch
    (torch.profiler: kernels whose innermost op is ``cudnn_fe::execute`` or its backward node);
-3. ``dynamic=True``, the first training step at ``--lengths`` new sequence lengths (after
-   one unmeasured length: the compile), inductor's and the lowering's (by default, and with
-   ``stand_in_calls=2``: torch's ops serve a new length's first two calls while its plans
-   build), wall ms, medians.
+3. ``dynamic=True``, the first and third training steps at ``--lengths`` new sequence lengths
+   (after one unmeasured length: the compile), inductor's and the lowering's (by default:
+   torch's ops serve a new length's first two calls at each site while its plans build, and
+   the third takes them; and with ``stand_in_calls=0``: built in the call), wall ms, medians.
 Both compile with ``torch._dynamo.config.specialize_float = True``, so a norm's eps stays a
 constant the lowering can bake in under ``dynamic=True``.
 
-    python bench/lowering.py [--models llama,gpt2] [--sizes small,medium,large] [--lengths 20] [--json out.json]
+    python bench/lowering.py [--models llama,gpt2] [--sizes small,medium,large] [--lengths 20] [--parts steady,lengths] [--json out.json]
 """
 
 from __future__ import annotations
@@ -116,32 +116,38 @@ def steady(name: str, size: str, args, rows: list) -> None:
 
 
 def new_lengths(name: str, args, rows: list) -> None:
+    """The first training step at each new length, and the third (where the plans take over:
+    Note [A new layout's first calls]), inductor's and the lowering's."""
     import torch
+
+    from torch_cudnn_handle import lowering, settings
 
     size = args.sizes.split(",")[0]
     model = build(name, size, args.layers)
     _, _, batch, top = SIZES[size]
-    hows = ("inductor", "lowered", "lowered, stand_in_calls=2")
+    hows = ("inductor", "lowered", "lowered, stand_in_calls=0")
     drawn = random.Random(0).sample(range(128, top + 1), len(hows) * (args.lengths + 1))  # each its own: no plan built before
-    firsts = {}
+    firsts, thirds = {}, {}
     for index, how in enumerate(hows):
         lengths = drawn[index::len(hows)]
-        from torch_cudnn_handle import lowering, settings
-
         backend = "inductor" if how == "inductor" else lowering.backend()
         model_compiled = torch.compile(copy.deepcopy(model), backend=backend, dynamic=True)
         times = []
-        with settings.override(stand_in_calls=2 if how.endswith("=2") else 0):
+        with settings.override(**({"stand_in_calls": 0} if how.endswith("=0") else {})):  # else the environment's (default 2)
             for length in lengths:
                 train, _ = steps(model_compiled, torch.randint(0, 8192, (batch, length), device="cuda"))
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                train()
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - start) * 1e3)
-        firsts[how] = statistics.median(times[1:])  # the first length compiled the frame
+                times.append([])
+                for _ in range(3):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    train()
+                    torch.cuda.synchronize()
+                    times[-1].append((time.perf_counter() - start) * 1e3)
+        firsts[how] = statistics.median(t[0] for t in times[1:])  # the first length compiled the frame
+        thirds[how] = statistics.median(t[2] for t in times[1:])
     rows += report(f"{name} {size}, dynamic=True: first training step at {args.lengths} new lengths, median wall ms (us column)", firsts,
                    "inductor", {"lowered": 1.5})
+    rows += report(f"{name} {size}, dynamic=True: third training step at each length, median wall ms (us column)", thirds, "inductor")
     torch._dynamo.reset()
 
 
@@ -155,6 +161,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, default=20)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--parts", default="steady,lengths", help="steady: the steady steps; lengths: first steps at new lengths")
     parser.add_argument("--json")
     args = parser.parse_args()
     require_cuda_gpu(__file__)
@@ -164,10 +171,10 @@ def main() -> None:
     torch._dynamo.config.specialize_float = True  # a LayerNorm's eps stays a constant under dynamic=True (docs/torch-compile.md)
     rows = []
     for name in args.models.split(","):
-        for size in args.sizes.split(","):
+        for size in args.sizes.split(",") if "steady" in args.parts else ():
             steady(name, size, args, rows)
             save(rows, args.json)
-        if args.lengths:
+        if args.lengths and "lengths" in args.parts:
             new_lengths(name, args, rows)
             save(rows, args.json)
 

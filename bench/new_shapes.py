@@ -30,7 +30,10 @@ calls run torch's ops while its plans build: Note [A new layout's first calls]).
    with the settings of the environment, then again under deterministic algorithms: every
    output and gradient hashed, the runs compared bitwise.
 
-    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,linear_buckets,block,processes,repro] [--json out.json]
+Parts 1-3 run with the plan store off, unless ``--plan-store DIR``: then a first run fills DIR and
+a second run with the same DIR is the second process, its plans loaded.
+
+    python bench/new_shapes.py [--shapes 200 --seed 0] [--parts sdpa,linear,linear_buckets,block,processes,repro] [--plan-store DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -366,6 +369,8 @@ def main() -> None:
     parser.add_argument("--steady-calls", type=int, default=20)
     parser.add_argument("--parts", default="sdpa,linear,linear_buckets,block,processes,repro")
     parser.add_argument("--sdpa-off-path", action="store_true", help="sdpa by buckets with background builds (else buckets in the call)")
+    parser.add_argument("--plan-store", metavar="DIR", help="parts 1-3 with the plan store in DIR (else off: they measure builds); "
+                        "run twice with one DIR for the first process (store empty) and the second (store warm)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--block-process", help=argparse.SUPPRESS)  # part 4's child: write its report here
     parser.add_argument("--repro-process", help=argparse.SUPPRESS)  # part 5's child: write its digests here
@@ -380,7 +385,9 @@ def main() -> None:
 
     import torch_cudnn_handle as tch
 
-    tch.settings.set_plan_store(False)  # parts 1-3 measure builds
+    tch.settings.set_plan_store(bool(args.plan_store))  # off: parts 1-3 measure builds
+    if args.plan_store:
+        tch.settings.set_plan_store_dir(args.plan_store)
     parts = args.parts.split(",")
     lengths = draw(args.shapes, args.seed)
     subset = set(random.Random(args.seed + 1).sample(lengths, min(args.subset, len(lengths))))
@@ -422,6 +429,9 @@ def main() -> None:
         for mode, found in figures["repro"].items():
             print(f"\ntwo processes, {found['steps']} training steps at new lengths ({mode}): "
                   f"{'bitwise equal' if found['equal'] else 'DIFFER at steps ' + str(found['differing'])}")
+    if args.plan_store:
+        figures["plan_store"] = tch.stats.plan_store()
+        print(f"\nplan store {args.plan_store}: {figures['plan_store']}")
     if args.json:
         with open(args.json, "w") as file:
             json.dump(figures, file, indent=1, default=str)
