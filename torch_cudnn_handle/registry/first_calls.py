@@ -14,10 +14,10 @@ torch attention), the plan builds off the caller's path instead, and the stand-i
     compiled frame's backward). Any other call is counted per layout. So a layer repeated in a
     model (or q, k, v and o projections of one shape, or a model's five RMSNorms once lowered)
     runs the first N steps at a new size on torch's ops, rather than waiting for the build at
-    the third layer of the first step. Which implementation serves a call depends on the sequence of calls alone,
-    never on how long a build took: two runs of one program give the same results. The plan
-    goes native from the second call it serves, after which C++ serves every site. A capture's
-    call gets the plan (waiting for it), never a stand-in.
+    the third layer of the first step. Which implementation serves a call depends on the
+    sequence of calls alone, never on how long a build took: two runs of one program give the
+    same results. The plan goes native from the second call it serves, after which C++ serves
+    every site. A capture's call gets the plan (waiting for it), never a stand-in.
   * ``serving_mode`` (timing-dependent): until the plan is ready, so which calls the
     stand-in serves depends on the build's time; for serving, where latency matters more than
     run-to-run equality.
