@@ -33,7 +33,7 @@ from ..registry.first_calls import at_site, new_site
 from ._layout import declare, like_layout, merge_heads, row_major, split_heads
 from .attention_buckets import _mask, _scale, bucketed_sdpa
 from .attention_stand_ins import torch_sdpa_backward, torch_sdpa_forward, torch_sdpa_inference_forward
-from .attention_routes import attention_route, exact_plan_took_over, torch_attention, torch_stands_in
+from .attention_routes import attention_route, exact_plan_took_over, layout_of, torch_attention, torch_stands_in
 from .linear import FusedLinear
 
 __all__ = ["sdpa", "Attention", "SDPA_GRAPHS", "SDPA_INFERENCE_GRAPHS", "SDPA_BIAS_GRAPH", "SDPA_BIAS_INFERENCE_GRAPH", "sdpa_inference_forward"]
@@ -158,12 +158,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
         if uniform and trace_constants.sdpa_length_buckets(exact):
             return bucketed_sdpa(q, k, v, bool(causal), training)
         return execute(exact, [q, k, v])[0]
-    route = attention_route(exact, q, k, v, uniform)
+    layout = layout_of(exact, q, k, v)
+    route = attention_route(exact, q, k, v, uniform, layout)
     if route.buckets == "length":
         if not exact_plan_took_over(exact, q, k, v, route):
             return bucketed_sdpa(q, k, v, bool(causal), training, route)
         # else the exact plan took over, found built then: no second look
-    elif torch_stands_in(exact, [q, k, v], route):
+    elif torch_stands_in(exact, [q, k, v], route, layout):
         return torch_attention(q, k, v, causal)
     return execute(exact, [q, k, v])[0]
 
@@ -183,6 +184,9 @@ _SDPA_DTYPES = (torch.float16, torch.bfloat16)
 
 def _check_sdpa_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """What cuDNN's sdpa takes, checked in Python so a trace (fake tensors) fails here too."""
+    if (q.dim() == k.dim() == v.dim() == 4 and q.dtype == k.dtype == v.dtype and q.dtype in _SDPA_DTYPES
+            and not (q.shape[-1] % 8 or k.shape[-1] % 8 or v.shape[-1] % 8)):
+        return  # every call but a refused one: no message built
     named = {"q": q, "k": k, "v": v}
     for name, t in named.items():
         if t.dim() != 4:

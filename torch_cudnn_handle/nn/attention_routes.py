@@ -19,7 +19,7 @@ exact plan.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,8 @@ from ..op import plan_ready, route_of
 from ..registry import TAKE_OVER_CALLS, Facts, Route
 from ..registry.first_calls import call_site
 
-__all__ = ["TAKE_OVER_CALLS", "attention_route", "exact_plan_took_over", "torch_attention", "torch_stands_in", "traced_length_buckets"]
+__all__ = ["TAKE_OVER_CALLS", "attention_route", "exact_plan_took_over", "layout_of", "torch_attention", "torch_stands_in",
+           "traced_length_buckets"]
 
 _KEPT_LIMIT = 4096  # the most layouts each table below keeps, for the process (later ones are decided per call)
 
@@ -43,11 +44,17 @@ _KEPT_LIMIT = 4096  # the most layouts each table below keeps, for the process (
 _routes: Dict[tuple, Route] = {}
 
 
-def attention_route(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, uniform: bool) -> Route:
+def layout_of(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """An eager call's layout, the key of the tables here: exact graph, tensor type, device,
+    q/k/v shapes and strides, dtype, deterministic mode. Made once per call."""
+    return (exact_graph, type(q), q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+            torch.are_deterministic_algorithms_enabled())
+
+
+def attention_route(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, uniform: bool, layout: Optional[tuple] = None) -> Route:
     """nn.sdpa's route for this eager call (registry/routes.py decides, torch's attention the
-    stand-in); a later call at the layout finds it kept, with one dict lookup."""
-    key = (exact_graph, type(q), q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
-           torch.are_deterministic_algorithms_enabled())
+    stand-in); a later call at the layout (``layout_of``) finds it kept, with one dict lookup."""
+    key = layout or layout_of(exact_graph, q, k, v)
     route = _routes.get(key)
     if route is None:
         route = route_of(exact_graph, [q, k, v], stand_in="torch_attention", uniform_lengths=uniform)
@@ -74,13 +81,6 @@ def _layout_key(graph_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return (graph_id, q.device.index, tuple(q.shape), q.stride(), k.stride(), v.stride(), q.dtype)
 
 
-def _ready_key(graph_id: int, operands: list) -> tuple:
-    """Per call site too: a site whose first calls torch's attention still serves asks the registry
-    (Note [A new layout's first calls]), though another site's calls already take the plan."""
-    return (graph_id, operands[0].device.index, *((tuple(t.shape), t.stride()) for t in operands[:3]), operands[0].dtype,
-            call_site(asking=False))
-
-
 # torch's attention backends a stand-in may use: not torch's cuDNN backend, which builds a plan per length too.
 _STAND_IN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -91,18 +91,20 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-# (graph, device, q/k/v layouts, call site) whose plan was found built: a steady call asks the registry
-# no more (a plan evicted later is rebuilt by the op, its interpreter standing in). For the
-# process, at most _KEPT_LIMIT keys.
+# (layout, call site) whose plan was found built: a steady call asks the registry no more (a plan
+# evicted later is rebuilt by the op, its stand-in serving). Per call site: a site whose first
+# calls torch's attention still serves asks the registry (Note [A new layout's first calls]),
+# though another site's calls already take the plan. For the process, at most _KEPT_LIMIT keys.
 _ready: set = set()
 
 
-def torch_stands_in(graph_id: int, operands: list, route: Route) -> bool:
+def torch_stands_in(graph_id: int, operands: list, route: Route, layout: Optional[tuple] = None) -> bool:
     """Whether torch's attention serves this call: the route has it stand in, and
-    ``graph_id``'s plan for ``operands`` is building off the caller's path (started here if it was not)."""
+    ``graph_id``'s plan for ``operands`` (``layout``: ``layout_of`` them) is building off the caller's
+    path (started here if it was not)."""
     if route.stand_in != "torch_attention":
         return False
-    key = _ready_key(graph_id, operands)
+    key = (layout or layout_of(graph_id, *operands[:3]), call_site(asking=False))
     if key in _ready:
         return False
     if not plan_ready(graph_id, operands, route.stand_in):
