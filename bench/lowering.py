@@ -125,7 +125,8 @@ def new_lengths(name: str, args, rows: list) -> None:
     size = args.sizes.split(",")[0]
     model = build(name, size, args.layers)
     _, _, batch, top = SIZES[size]
-    hows = ("inductor", "lowered", "lowered, stand_in_calls=0")
+    named = {"inductor": "inductor", "lowered": "lowered", "built_in_call": "lowered, stand_in_calls=0"}
+    hows = [named[name] for name in args.length_candidates.split(",")]
     drawn = random.Random(0).sample(range(128, top + 1), len(hows) * (args.lengths + 1))  # each its own: no plan built before
     firsts, thirds = {}, {}
     for index, how in enumerate(hows):
@@ -162,6 +163,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts", default="steady,lengths", help="steady: the steady steps; lengths: first steps at new lengths")
+    parser.add_argument("--length-candidates", default="inductor,lowered,built_in_call",
+                        help="the lengths part's candidates: inductor, lowered (the environment's settings), built_in_call (stand_in_calls=0)")
     parser.add_argument("--json")
     args = parser.parse_args()
     require_cuda_gpu(__file__)
