@@ -7,8 +7,9 @@ backward graph's first calls behind either. A training forward must also write t
 softmax statistics its backward reads, which torch's attention does not return, so both
 directions run the attention's math (interpreter/attention.py) in float32, a block of
 (batch element, K/V head) rows, or of one row's queries, at a time, so that a block's scores
-stay under ``_BLOCK_BYTES`` at any length. Outputs are laid out as the graphs lay them (``like_layout``: O like Q,
-dQ/dK/dV like Q/K/V; the statistics packed). Scale 1/sqrt(D), causal top-left, as the graphs.
+stay under ``_BLOCK_BYTES`` at any length. Outputs are laid out as the graphs lay them
+(``like_layout``: O like Q, dQ/dK/dV like Q/K/V; the statistics packed). Scale 1/sqrt(D),
+causal top-left, as the graphs.
 """
 
 from __future__ import annotations
