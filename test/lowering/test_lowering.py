@@ -225,3 +225,25 @@ def test_masked_grouped_query_attention_serves_every_length_in_one_frame():
     assert len(frames) == 1
     (entry,) = lowering.reports()[-1]
     assert entry.lowered and "the mask as a bias (grouped-query)" in entry.reason
+
+
+def test_each_run_of_a_lowered_frame_numbers_its_calls_afresh():
+    """The compiled frame runs as a call site (Note [A new layout's first calls]): its calls see
+    the frame, with no call of this run counted yet, and nothing is left behind after it."""
+    from torch_cudnn_handle.registry import first_calls
+
+    seen = []
+
+    def inner(gm, example_inputs):  # a backend that records what a run of the frame sees
+        def run(*args):
+            seen.append(getattr(first_calls._sites, "frame", None))
+            return gm(*args)
+
+        return run
+
+    compiled = torch.compile(lambda x: torch.relu(x) * 2, backend=lowering.backend(inner), fullgraph=True)
+    for _ in range(2):
+        compiled(torch.randn(4))
+    assert len(seen) == 2 and all(isinstance(frame[0], int) and frame[1] == {} for frame in seen)
+    assert seen[0][0] == seen[1][0] and seen[0][1] is not seen[1][1]  # one site, a fresh count per run
+    assert getattr(first_calls._sites, "frame", None) is None
