@@ -161,7 +161,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
     layout = layout_of(exact, q, k, v)
     route = attention_route(exact, q, k, v, uniform, layout)
     if route.buckets == "length":
-        if not exact_plan_took_over(exact, q, k, v, route):
+        if not exact_plan_took_over(exact, q, k, v, route, layout):
             return bucketed_sdpa(q, k, v, bool(causal), training, route)
         # else the exact plan took over, found built then: no second look
     elif torch_stands_in(exact, [q, k, v], route, layout):

@@ -77,10 +77,6 @@ def traced_length_buckets(exact_graph: int) -> bool:
     return registry.route_for(exact_graph, None, (), (), facts).buckets == "length"
 
 
-def _layout_key(graph_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
-    return (graph_id, q.device.index, tuple(q.shape), q.stride(), k.stride(), v.stride(), q.dtype)
-
-
 # torch's attention backends a stand-in may use: not torch's cuDNN backend, which builds a plan per length too.
 _STAND_IN_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -114,20 +110,21 @@ def torch_stands_in(graph_id: int, operands: list, route: Route, layout: Optiona
     return False
 
 
-# Calls a length's bucket served, per (exact graph, device, q/k/v layout, dtype), up to the
+# Calls a length's bucket served, per layout (``layout_of``), up to the
 # route's take_over_after; _TOOK_OVER once its exact plan serves it. For the process, at
 # most _KEPT_LIMIT keys (later ones stay bucketed).
 _TOOK_OVER = -1
 _bucketed_calls: Dict[tuple, int] = {}
 
 
-def exact_plan_took_over(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Route) -> bool:
+def exact_plan_took_over(exact_graph: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: Route,
+                         layout: Optional[tuple] = None) -> bool:
     """Whether ``exact_graph`` (a dense sdpa graph) serves this call rather than its bucket:
     its plan for these inputs was built off the caller's path after the route's
     ``take_over_after`` calls (Note [Attention off the caller's path]). Counts this call."""
     if not route.take_over_after:
         return False
-    key = _layout_key(exact_graph, q, k, v)
+    key = layout or layout_of(exact_graph, q, k, v)
     calls = _bucketed_calls.get(key, 0)
     if calls == _TOOK_OVER:
         return True
